@@ -1,0 +1,139 @@
+"""``Function``: one differentiable operation, its forward and backward on raw arrays.
+
+A subclass implements ``forward(*arrays, **options) -> array`` and
+``backward(grad_output) -> tuple of input gradients`` (``None`` for an input that needs
+none). ``Function.apply`` runs the forward on the inputs' arrays, wraps the result in a
+``Tensor`` and, only when grad mode is on and some input requires a gradient, keeps the
+instance as the output's ``grad_fn`` so ``backward`` can walk back through it (tinygrad's
+split: ops see arrays, ``Tensor`` only records the graph).
+
+Gradients of broadcast operands are reduced back to the operand's shape by the backward
+walk (``engine.py``), so a ``backward`` may return a gradient of the broadcast shape.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from bigdl_py import backend
+from bigdl_py.autograd.grad_mode import is_grad_enabled
+
+
+class Function:
+    """Base class of every differentiable op."""
+
+    # Which positional inputs are differentiable. ``None`` means all of them; ops with integer
+    # index inputs (embedding, gather) list the float ones.
+    differentiable_inputs: tuple[int, ...] | None = None
+
+    def __init__(self):
+        self.inputs: tuple = ()
+        self.needs_input_grad: tuple[bool, ...] = ()
+        self.saved: tuple = ()
+        self.released = False
+
+    # --- to be implemented by subclasses -----------------------------------------------
+    def forward(self, *arrays, **options):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def backward(self, grad_output):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    # --- helpers for subclasses ---------------------------------------------------------
+    def save_for_backward(self, *values) -> None:
+        """Keep arrays the backward needs; they are freed after backward."""
+        self.saved = values
+
+    @property
+    def name(self) -> str:
+        return type(self).__name__
+
+    def release(self) -> None:
+        """Drop saved buffers so the graph's memory is freed (backward without retain_graph)."""
+        # The inputs go too: they hold the activations, and keeping them alive as long as the
+        # loss tensor lives would keep the whole forward pass in memory.
+        self.saved = ()
+        self.inputs = ()
+        self.released = True
+        self._release_extra()
+
+    def _release_extra(self) -> None:
+        """Subclasses that keep buffers in other attributes drop them here."""
+
+    # --- running an op ------------------------------------------------------------------
+    @classmethod
+    def apply(cls, *inputs, **options):
+        """Run the op on Tensors (or constants) and record it when a gradient is needed."""
+        from bigdl_py.autograd.tensor import Tensor, check_same_device
+
+        function = cls()
+        tensors = _as_tensors(inputs, cls.__name__)
+        check_same_device(tensors, cls.__name__)
+        _check_same_float_dtype(tensors, cls.__name__)
+        arrays = [t.data for t in tensors]
+        output_data = function.forward(*arrays, **options)
+        differentiable = cls.differentiable_inputs
+        needs = tuple(
+            t.requires_grad and (differentiable is None or i in differentiable)
+            for i, t in enumerate(tensors)
+        )
+        record = is_grad_enabled() and any(needs)
+        output = Tensor(output_data, requires_grad=record, _copy=False)
+        if record:
+            function.inputs = tuple(tensors)
+            function.needs_input_grad = needs
+            output.grad_fn = function
+        return output
+
+
+def _as_tensors(inputs: tuple, op_name: str) -> list:
+    """Wrap constants (Python scalars, arrays) as Tensors matching the first Tensor's dtype."""
+    from bigdl_py.autograd.tensor import Tensor
+
+    reference = next((x for x in inputs if isinstance(x, Tensor)), None)
+    tensors = []
+    for value in inputs:
+        if isinstance(value, Tensor):
+            tensors.append(value)
+            continue
+        tensors.append(_constant(value, reference, op_name))
+    return tensors
+
+
+def _constant(value: Any, reference, op_name: str):
+    """A constant input: Python scalars take the reference tensor's float dtype and device."""
+    from bigdl_py.autograd.tensor import Tensor
+
+    if value is None:
+        raise TypeError(f"{op_name}: got None where a tensor or number was expected")
+    if reference is None:
+        return Tensor(value, _copy=False)
+    xp = reference.device.xp
+    if isinstance(value, (bool, int, float)) and backend.is_floating(reference.dtype):
+        array = xp.asarray(value, dtype=reference.dtype)
+    else:
+        array = backend.to_device(value, reference.device)
+        if isinstance(value, (float, np.floating)) or (
+            hasattr(array, "dtype")
+            and backend.is_floating(array.dtype)
+            and backend.is_floating(reference.dtype)
+        ):
+            array = array.astype(reference.dtype, copy=False)
+    return Tensor(array, _copy=False)
+
+
+def _check_same_float_dtype(tensors, op_name: str) -> None:
+    """Mixing float32 and float64 silently is a common bug; say which inputs differ."""
+    first = None
+    for position, tensor in enumerate(tensors):
+        if not backend.is_floating(tensor.dtype):
+            continue
+        if first is None:
+            first = (position, tensor.dtype)
+        elif tensor.dtype != first[1]:
+            raise TypeError(
+                f"{op_name}: input {first[0]} has dtype {first[1]} but input {position} has "
+                f"dtype {tensor.dtype}; convert one with .to(dtype=...)"
+            )

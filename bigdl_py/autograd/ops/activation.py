@@ -1,0 +1,135 @@
+"""Activations and the (log-)softmax, with numerically stable forms."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from bigdl_py import backend
+from bigdl_py.autograd.function import Function
+
+
+class Tanh(Function):
+    def forward(self, a):
+        out = backend.array_module(a).tanh(a)
+        self.save_for_backward(out)
+        return out
+
+    def backward(self, grad):
+        (out,) = self.saved
+        return grad * (1 - out * out)
+
+
+class Sigmoid(Function):
+    def forward(self, a):
+        xp = backend.array_module(a)
+        # exp of a negative number only: no overflow for large |a|.
+        positive = a >= 0
+        exp_neg_abs = xp.exp(-xp.abs(a))
+        out = xp.where(positive, 1 / (1 + exp_neg_abs), exp_neg_abs / (1 + exp_neg_abs))
+        out = out.astype(a.dtype, copy=False)
+        self.save_for_backward(out)
+        return out
+
+    def backward(self, grad):
+        (out,) = self.saved
+        return grad * out * (1 - out)
+
+
+class ReLU(Function):
+    def forward(self, a):
+        mask = a > 0
+        self.save_for_backward(mask)
+        return a * mask
+
+    def backward(self, grad):
+        (mask,) = self.saved
+        return grad * mask
+
+
+class LeakyReLU(Function):
+    def forward(self, a, negative_slope=0.01):
+        xp = backend.array_module(a)
+        scale = xp.where(a > 0, a.dtype.type(1), a.dtype.type(negative_slope))
+        self.save_for_backward(scale)
+        return a * scale
+
+    def backward(self, grad):
+        (scale,) = self.saved
+        return grad * scale
+
+
+class GELU(Function):
+    """Exact GELU, x * Phi(x), or its tanh approximation (``approximate='tanh'``)."""
+
+    def forward(self, a, approximate="none"):
+        xp = backend.array_module(a)
+        self.approximate = approximate
+        self.save_for_backward(a)
+        if approximate == "tanh":
+            inner = math.sqrt(2 / math.pi) * (a + 0.044715 * a**3)
+            return (0.5 * a * (1 + xp.tanh(inner))).astype(a.dtype, copy=False)
+        if approximate != "none":
+            raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+        return (0.5 * a * (1 + _erf(xp, a / math.sqrt(2)))).astype(a.dtype, copy=False)
+
+    def backward(self, grad):
+        (a,) = self.saved
+        xp = backend.array_module(a)
+        if self.approximate == "tanh":
+            c = math.sqrt(2 / math.pi)
+            inner = c * (a + 0.044715 * a**3)
+            t = xp.tanh(inner)
+            d_inner = c * (1 + 3 * 0.044715 * a * a)
+            return grad * (0.5 * (1 + t) + 0.5 * a * (1 - t * t) * d_inner)
+        cdf = 0.5 * (1 + _erf(xp, a / math.sqrt(2)))
+        pdf = xp.exp(-0.5 * a * a) / math.sqrt(2 * math.pi)
+        return grad * (cdf + a * pdf)
+
+
+def _erf(xp, x):
+    """erf for CuPy (native), NumPy with SciPy (vectorised) or NumPy alone (exact, slower)."""
+    if xp.__name__ == "cupy":
+        import cupyx.scipy.special as special  # noqa: PLC0415 - only reached with cupy arrays
+
+        return special.erf(x)
+    try:
+        from scipy.special import erf  # noqa: PLC0415
+
+        return erf(x)
+    except ImportError:
+        return _erf_exact(x).astype(x.dtype, copy=False)
+
+
+_erf_exact = np.frompyfunc(math.erf, 1, 1)
+
+
+class Softmax(Function):
+    def forward(self, a, axis=-1):
+        xp = backend.array_module(a)
+        shifted = a - a.max(axis=axis, keepdims=True)
+        exps = xp.exp(shifted)
+        out = exps / exps.sum(axis=axis, keepdims=True)
+        self.axis = axis
+        self.save_for_backward(out)
+        return out
+
+    def backward(self, grad):
+        (out,) = self.saved
+        return out * (grad - (grad * out).sum(axis=self.axis, keepdims=True))
+
+
+class LogSoftmax(Function):
+    def forward(self, a, axis=-1):
+        xp = backend.array_module(a)
+        shifted = a - a.max(axis=axis, keepdims=True)
+        out = shifted - xp.log(xp.exp(shifted).sum(axis=axis, keepdims=True))
+        self.axis = axis
+        self.save_for_backward(out)
+        return out
+
+    def backward(self, grad):
+        (out,) = self.saved
+        xp = backend.array_module(out)
+        return grad - xp.exp(out) * grad.sum(axis=self.axis, keepdims=True)

@@ -1,0 +1,1 @@
+"""bigdl_py.spark"""

@@ -1,0 +1,57 @@
+"""Shared fixtures: one local SparkSession for the whole run, seeded RNGs, optional torch."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """A local[2] SparkSession shared by every test that needs Spark (starting one costs ~5 s)."""
+    pyspark = pytest.importorskip("pyspark")
+    from pyspark.sql import SparkSession
+
+    del pyspark
+    builder = (
+        SparkSession.builder.master("local[2]")
+        .appName("bigdl_py-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.python.worker.reuse", "true")
+        .config("spark.python.unix.domain.socket.enabled", "true")
+        .config("spark.driver.memory", "2g")
+    )
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+@pytest.fixture
+def sc(spark):
+    return spark.sparkContext
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(1234)
+
+
+@pytest.fixture(scope="session")
+def torch():
+    """PyTorch as a test oracle; tests that use it skip when it is not installed."""
+    module = pytest.importorskip("torch")
+    module.set_num_threads(1)
+    return module
+
+
+@pytest.fixture(scope="session")
+def fashion_mnist_dir():
+    if not os.path.exists(os.path.join(FASHION_MNIST_DIR, "train-images-idx3-ubyte.gz")):
+        pytest.skip(f"Fashion-MNIST not installed in {FASHION_MNIST_DIR}")
+    return FASHION_MNIST_DIR
