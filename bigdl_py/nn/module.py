@@ -8,6 +8,7 @@ and by distributed training, so it must never depend on dict iteration of anythi
 
 from __future__ import annotations
 
+import functools
 from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Any
@@ -34,6 +35,11 @@ class Module:
     Subclasses assign parameters and sub-modules as attributes in ``__init__`` and implement
     ``forward``. Calling the module calls ``forward``.
     """
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "__init__" in cls.__dict__:
+            cls.__init__ = _recording_init(cls.__dict__["__init__"])
 
     def __init__(self):
         object.__setattr__(self, "_parameters", OrderedDict())
@@ -287,3 +293,20 @@ class Module:
 
     def num_parameters(self) -> int:
         return sum(parameter.numel() for parameter in self.parameters())
+
+
+def _recording_init(original_init):
+    """Wrap a subclass ``__init__`` to remember the arguments the module was built with.
+
+    Model save/load (``bigdl_py.train.serialization``) rebuilds the architecture from these
+    arguments and a registry of known classes, so loading a model never runs stored code.
+    Only the outermost (most derived) call records: ``super().__init__`` calls do not.
+    """
+
+    @functools.wraps(original_init)
+    def init(self, *args, **kwargs):
+        if "_init_args" not in self.__dict__:
+            object.__setattr__(self, "_init_args", (args, dict(kwargs)))
+        original_init(self, *args, **kwargs)
+
+    return init

@@ -1,0 +1,3 @@
+"""containers"""
+
+__all__: list[str] = []

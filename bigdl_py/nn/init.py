@@ -1,0 +1,3 @@
+"""init"""
+
+__all__: list[str] = []

@@ -1,0 +1,3 @@
+"""layers"""
+
+__all__: list[str] = []

@@ -1,0 +1,3 @@
+"""loss"""
+
+__all__: list[str] = []

@@ -1,0 +1,3 @@
+"""recurrent"""
+
+__all__: list[str] = []
