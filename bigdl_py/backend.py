@@ -135,6 +135,20 @@ def to_device(array: Any, target: Device | str) -> Any:
         return cupy.asarray(array)
 
 
+def scatter_add(target: Any, index: Any, values: Any) -> None:
+    """``target[index] += values`` in place, adding every repeated index (``np.add.at``).
+
+    Plain ``target[index] += values`` keeps only one contribution per repeated index; the
+    gradients of indexing and embedding need all of them.
+    """
+    if is_cupy_array(target):
+        import cupyx  # noqa: PLC0415 - reached only with CuPy arrays, after cupy imported
+
+        cupyx.scatter_add(target, index, values)
+    else:
+        np.add.at(target, index, values)
+
+
 def as_numpy(array: Any) -> np.ndarray:
     """A host (NumPy) copy or view of ``array``."""
     return array.get() if is_cupy_array(array) else np.asarray(array)

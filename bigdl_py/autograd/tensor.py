@@ -125,13 +125,11 @@ class Tensor:
 
     def to(self, device: Any = None, dtype: Any = None) -> Tensor:
         """A copy on ``device`` and/or with ``dtype`` (gradients flow back through the copy)."""
-        from bigdl_py.autograd.ops import shape as shape_ops
-
         result = self
         if dtype is not None and np.dtype(dtype) != self.dtype:
-            result = shape_ops.astype(result, dtype)
+            result = _ops().astype(result, dtype)
         if device is not None and backend.device(device) != self.device:
-            result = shape_ops.to_device(result, device)
+            result = _ops().to_device(result, device)
         return result
 
     def cpu(self) -> Tensor:

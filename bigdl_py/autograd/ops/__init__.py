@@ -7,7 +7,8 @@ other layers' ops).
 
 from __future__ import annotations
 
-from bigdl_py.autograd.ops import activation, elementwise, matmul as matmul_ops, reduce
+from bigdl_py.autograd.ops import activation, elementwise, reduce
+from bigdl_py.autograd.ops import matmul as matmul_ops
 from bigdl_py.autograd.ops import shape as shape_ops
 
 

@@ -29,11 +29,13 @@ class MatMul(Function):
         # Promote 1-d operands to matrices so one rule serves every case, then undo it.
         a2 = a[None, :] if a.ndim == 1 else a
         b2 = b[:, None] if b.ndim == 1 else b
+        # Restore the axes the 1-d operands dropped from the output: b's column axis first,
+        # then a's row axis (both for a 0-d vector-vector result).
         g2 = grad
-        if a.ndim == 1:
-            g2 = xp.expand_dims(g2, -2)
         if b.ndim == 1:
-            g2 = xp.expand_dims(g2, -1)
+            g2 = g2[..., None]
+        if a.ndim == 1:
+            g2 = g2[..., None, :]
         grad_a = grad_b = None
         if self.needs_input_grad[0]:
             grad_a = xp.matmul(g2, xp.swapaxes(b2, -1, -2))

@@ -80,7 +80,8 @@ class _Extremum(Function):
         a, out = self.saved
         grad = _expand_back(grad, a.shape, self.axes, self.keepdims)
         mask = a == out
-        count = mask.sum(axis=self.axes, keepdims=True)
+        # The tie count is an integer array: cast it, or the division would upcast to float64.
+        count = mask.sum(axis=self.axes, keepdims=True).astype(grad.dtype)
         return grad * mask / count
 
 

@@ -62,12 +62,8 @@ class GetItem(Function):
         full = xp.zeros(self.input_shape, dtype=grad.dtype)
         if _is_basic_index(self.index):
             full[self.index] = grad  # views never repeat an element: assignment is enough
-        elif xp is np:
-            np.add.at(full, self.index, grad)
         else:
-            import cupyx  # noqa: PLC0415 - only reached with cupy arrays
-
-            cupyx.scatter_add(full, self.index, grad)
+            backend.scatter_add(full, self.index, grad)  # repeated indices add up
         return full
 
 
@@ -84,8 +80,9 @@ def _index_to_device(index, array):
         if isinstance(part, Tensor):
             part = part.data
         if isinstance(part, (list, np.ndarray)) or backend.is_cupy_array(part):
-            return backend.to_device(np.asarray(part) if isinstance(part, list) else part,
-                                     backend.device_of(array))
+            return backend.to_device(
+                np.asarray(part) if isinstance(part, list) else part, backend.device_of(array)
+            )
         return part
 
     if isinstance(index, tuple):

@@ -1,0 +1,102 @@
+"""Ops of the remaining layers: inverted dropout and embedding lookup."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from bigdl_py import backend
+from bigdl_py.autograd.function import Function
+
+# Dropout draws from this generator when the caller passes none; ``manual_seed`` resets it.
+_default_generator = np.random.default_rng()
+
+
+def manual_seed(seed: int) -> None:
+    """Reseed the generator that ``dropout`` uses when it is given no ``rng``.
+
+    On CUDA arrays without an ``rng``, dropout draws on the device from CuPy's global
+    generator, which this seeds too when CuPy is in use.
+    """
+    global _default_generator
+    _default_generator = np.random.default_rng(seed)
+    if backend.cuda_available():
+        backend.cupy_module().random.seed(seed)
+
+
+def _uniform(shape, like, rng):
+    """Uniform [0, 1) float32 draws of ``shape`` on ``like``'s device.
+
+    Always float32 (24 random bits are plenty for a keep/drop decision): a generator seeded
+    alike then gives the same mask to float32 and float64 models.
+    """
+    draw_dtype = np.float32
+    if rng is None and backend.is_cupy_array(like):
+        return backend.array_module(like).random.random(shape, dtype=draw_dtype)
+    generator = _default_generator if rng is None else rng
+    if not isinstance(generator, np.random.Generator):
+        raise TypeError(
+            f"dropout: rng must be a numpy.random.Generator or None, got {type(generator)!r}"
+        )
+    draws = generator.random(shape, dtype=draw_dtype)
+    return backend.to_device(draws, backend.device_of(like))
+
+
+class Dropout(Function):
+    """Zero each element with probability ``p`` and scale the rest by ``1 / (1 - p)``."""
+
+    def forward(self, x, p=0.5, rng=None):
+        if not backend.is_floating(x.dtype):
+            raise TypeError(f"dropout: input must be floating point, got dtype {x.dtype}")
+        # A boolean mask costs 1 byte per element; the scale is applied as a separate step.
+        keep = _uniform(x.shape, x, rng) >= p
+        self.scale = x.dtype.type(1.0 / (1.0 - p)) if p < 1 else x.dtype.type(0)
+        self.save_for_backward(keep)
+        output = x * keep
+        output *= self.scale
+        return output
+
+    def backward(self, grad):
+        (keep,) = self.saved
+        grad_x = grad * keep
+        grad_x *= self.scale
+        return grad_x
+
+
+class Embedding(Function):
+    """Rows of ``weight`` picked by integer ``indices`` of any shape."""
+
+    differentiable_inputs = (1,)
+
+    def forward(self, indices, weight, padding_idx=None):
+        xp = backend.array_module(weight)
+        if indices.dtype.kind not in "iu":
+            raise TypeError(f"embedding: indices must be integers, got dtype {indices.dtype}")
+        if weight.ndim != 2:
+            raise ValueError(
+                f"embedding: weight must be 2-d (num_embeddings, embedding_dim), got shape "
+                f"{tuple(weight.shape)}"
+            )
+        vocabulary = weight.shape[0]
+        if indices.size:
+            low, high = int(indices.min()), int(indices.max())
+            if low < 0 or high >= vocabulary:
+                raise IndexError(
+                    f"embedding: indices must be in [0, {vocabulary - 1}] for a vocabulary of "
+                    f"{vocabulary} rows, got min {low} and max {high}"
+                )
+        self.padding_idx = padding_idx
+        self.weight_shape = weight.shape
+        self.save_for_backward(indices)
+        return xp.take(weight, indices, axis=0)
+
+    def backward(self, grad):
+        (indices,) = self.saved
+        xp = backend.array_module(grad)
+        grad_weight = xp.zeros(self.weight_shape, dtype=grad.dtype)
+        # Repeated indices each add their row: a scatter-add, not an assignment.
+        backend.scatter_add(
+            grad_weight, indices.reshape(-1), grad.reshape(-1, self.weight_shape[1])
+        )
+        if self.padding_idx is not None:
+            grad_weight[self.padding_idx] = 0
+        return None, grad_weight

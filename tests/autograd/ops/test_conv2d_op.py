@@ -1,0 +1,170 @@
+"""conv2d: gradients (both input-gradient routes), PyTorch parity, shapes and errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from bigdl_py.autograd import Tensor, gradcheck, ops
+from bigdl_py.autograd.ops.conv import Conv2d
+
+# (id, input shape, weight shape, settings)
+CONV_CASES = [
+    ("basic", (2, 3, 5, 5), (4, 3, 3, 3), {}),
+    ("stride2", (2, 2, 7, 6), (3, 2, 3, 3), {"stride": 2}),
+    ("padding", (1, 2, 4, 5), (3, 2, 3, 3), {"padding": 1}),
+    ("pair_settings", (1, 2, 7, 6), (2, 2, 3, 2), {"stride": (2, 1), "padding": (1, 2)}),
+    ("dilation", (1, 2, 7, 7), (2, 2, 3, 3), {"dilation": 2, "padding": 1}),
+    ("groups", (2, 4, 5, 5), (6, 2, 3, 3), {"groups": 2, "padding": 1}),
+    ("depthwise", (1, 3, 5, 5), (3, 1, 3, 3), {"groups": 3}),
+    ("one_by_one", (2, 3, 4, 4), (5, 3, 1, 1), {}),
+    ("big_kernel_small_output", (2, 2, 6, 6), (3, 2, 5, 5), {}),
+]
+
+
+@pytest.mark.parametrize(
+    "input_shape, weight_shape, settings",
+    [case[1:] for case in CONV_CASES],
+    ids=[case[0] for case in CONV_CASES],
+)
+def test_conv2d_gradients(make_tensor, input_shape, weight_shape, settings):
+    x, weight, bias = (
+        make_tensor(*input_shape),
+        make_tensor(*weight_shape),
+        make_tensor(weight_shape[0]),
+    )
+    assert gradcheck(lambda a, w, b: ops.conv2d(a, w, b, **settings), [x, weight, bias])
+
+
+@pytest.mark.parametrize("transposed", [True, False], ids=["transposed_conv", "col2im"])
+@pytest.mark.parametrize(
+    "settings", [{"padding": 1}, {"padding": (0, 1), "dilation": (1, 2)}, {"groups": 2}]
+)
+def test_both_input_gradient_routes_agree_with_finite_differences(
+    make_tensor, monkeypatch, transposed, settings
+):
+    monkeypatch.setattr(Conv2d, "_transposed_conv_is_cheaper", lambda self, shape: transposed)
+    x, weight = make_tensor(2, 4, 5, 5), make_tensor(4, 2 if "groups" in settings else 4, 3, 3)
+    assert gradcheck(lambda a, w: ops.conv2d(a, w, **settings), [x, weight])
+
+
+def test_conv2d_without_bias_and_without_input_gradient(make_tensor):
+    x = make_tensor(2, 3, 5, 5, requires_grad=False)
+    weight = make_tensor(4, 3, 3, 3)
+    output = ops.conv2d(x, weight, stride=2)
+    output.sum().backward()
+    assert x.grad is None and weight.grad.shape == weight.shape
+
+
+@pytest.mark.parametrize(
+    "input_shape, weight_shape, settings",
+    [case[1:] for case in CONV_CASES],
+    ids=[case[0] for case in CONV_CASES],
+)
+def test_conv2d_matches_torch(torch, compare_with_torch, rng, input_shape, weight_shape, settings):
+    arrays = [
+        rng.standard_normal(input_shape),
+        rng.standard_normal(weight_shape),
+        rng.standard_normal(weight_shape[0]),
+    ]
+    compare_with_torch(
+        lambda x, w, b: ops.conv2d(x, w, b, **settings),
+        lambda x, w, b: torch.nn.functional.conv2d(x, w, b, **settings),
+        arrays,
+    )
+
+
+def test_conv2d_output_shape_and_dtype(rng):
+    x = Tensor(rng.standard_normal((2, 3, 9, 8)), dtype=np.float32)
+    weight = Tensor(rng.standard_normal((6, 3, 3, 2)), dtype=np.float32)
+    output = ops.conv2d(x, weight, stride=(2, 3), padding=(1, 0), dilation=(2, 1))
+    # OH = (9 + 2 - 2*2 - 1) // 2 + 1 = 4, OW = (8 - 1 - 1) // 3 + 1 = 3
+    assert output.shape == (2, 6, 4, 3)
+    assert output.dtype == np.float32
+
+
+@pytest.mark.parametrize(
+    "input_shape, weight_shape, settings, message",
+    [
+        (
+            (2, 3, 5, 5),
+            (4, 2, 3, 3),
+            {},
+            r"conv2d: input of shape \(2, 3, 5, 5\) has 3 channels "
+            r"but the weight of shape \(4, 2, 3, 3\)",
+        ),
+        (
+            (2, 4, 5, 5),
+            (3, 2, 3, 3),
+            {"groups": 2},
+            r"conv2d: groups=2 must divide both the "
+            r"input channels \(4\) and the output "
+            r"channels \(3\)",
+        ),
+        (
+            (1, 1, 3, 3),
+            (1, 1, 5, 5),
+            {"padding": 0},
+            r"conv2d: kernel height 5 .* larger than "
+            r"the padded input height 3",
+        ),
+        ((1, 1, 5, 5), (1, 1, 3, 3), {"dilation": 3}, r"dilated extent 7"),
+        ((1, 5, 5), (1, 1, 3, 3), {}, r"conv2d: input must be 4-d"),
+        ((1, 1, 5, 5), (1, 1, 3, 3), {"stride": 0}, r"conv2d: stride and dilation must be >= 1"),
+        (
+            (1, 1, 5, 5),
+            (1, 1, 3, 3),
+            {"stride": (1, 2, 3)},
+            r"conv2d: stride must be an int or "
+            r"a pair",
+        ),
+    ],
+)
+def test_conv2d_errors_name_the_op_and_shapes(input_shape, weight_shape, settings, message):
+    x, weight = Tensor(np.zeros(input_shape)), Tensor(np.zeros(weight_shape))
+    with pytest.raises(ValueError, match=message):
+        ops.conv2d(x, weight, **settings)
+
+
+def test_conv2d_bias_shape_error():
+    with pytest.raises(ValueError, match=r"conv2d: bias must have shape \(4,\), got \(3,\)"):
+        ops.conv2d(
+            Tensor(np.zeros((1, 2, 4, 4))), Tensor(np.zeros((4, 2, 3, 3))), Tensor(np.zeros(3))
+        )
+
+
+@pytest.mark.parametrize("padding", [0, 1])
+def test_conv2d_of_a_non_contiguous_input_equals_that_of_its_copy(rng, padding):
+    base = rng.standard_normal((5, 4, 3, 2))
+    view = Tensor(base, dtype=np.float64).permute(3, 2, 1, 0)[:, :, ::-1]  # strided, reversed
+    copy = Tensor(np.ascontiguousarray(view.numpy()))
+    weight = Tensor(rng.standard_normal((2, 3, 2, 2)))
+    np.testing.assert_allclose(
+        ops.conv2d(view, weight, padding=padding).numpy(),
+        ops.conv2d(copy, weight, padding=padding).numpy(),
+    )
+
+
+def test_reused_column_buffers_never_alias_a_live_graph(rng):
+    def weight_gradient(x, weight, backward=True):
+        output = ops.conv2d(Tensor(x), weight, padding=1)
+        if backward:
+            output.sum().backward()
+            gradient, weight.grad = weight.grad.numpy(), None
+            return gradient
+        return output
+
+    inputs = [rng.standard_normal((2, 3, 5, 5)) for _ in range(3)]
+    weight = Tensor(rng.standard_normal((4, 3, 3, 3)), requires_grad=True)
+    expected = [weight_gradient(x, weight) for x in inputs]  # each buffer handed back at once
+
+    first = weight_gradient(inputs[0], weight, backward=False)
+    second = weight_gradient(inputs[1], weight, backward=False)
+    first.sum().backward()  # hands the first buffer back ...
+    weight.grad = None
+    third = weight_gradient(inputs[2], weight, backward=False)  # ... which this one reuses
+    second.sum().backward()
+    np.testing.assert_allclose(weight.grad.numpy(), expected[1])
+    weight.grad = None
+    third.sum().backward()
+    np.testing.assert_allclose(weight.grad.numpy(), expected[2])
