@@ -29,6 +29,27 @@ class Parameter(Tensor):
         return "Parameter containing:\n" + super().__repr__()
 
 
+class GraphNodeBase:
+    """Marker base of functional-graph placeholders (``bigdl_py.nn.graph.Node``).
+
+    It lives here so ``Module.__call__`` can tell a graph-building call from a computing
+    one with one ``isinstance`` test, without importing the graph module.
+    """
+
+    __slots__ = ()
+
+
+def _holds_graph_node(inputs: tuple) -> bool:
+    """True when a call's arguments (or a list/tuple among them) include a graph node."""
+    for value in inputs:
+        # One isinstance test settles the common case, a Tensor argument.
+        if isinstance(value, (GraphNodeBase, list, tuple)) and (
+            isinstance(value, GraphNodeBase) or any(isinstance(v, GraphNodeBase) for v in value)
+        ):
+            return True
+    return False
+
+
 class Module:
     """Base class for layers and models.
 
@@ -42,6 +63,10 @@ class Module:
             cls.__init__ = _recording_init(cls.__dict__["__init__"])
 
     def __init__(self):
+        # A class with no ``__init__`` of its own below Module (ReLU, Tanh, ...) takes no
+        # arguments; record that, since no recording wrapper ran (see _recording_init).
+        if "_init_args" not in self.__dict__:
+            object.__setattr__(self, "_init_args", ((), {}))
         object.__setattr__(self, "_parameters", OrderedDict())
         object.__setattr__(self, "_buffers", OrderedDict())
         object.__setattr__(self, "_modules", OrderedDict())
@@ -245,7 +270,7 @@ class Module:
         target = backend.device(device) if device is not None else None
         for module in self.modules():
             for registry in (module._parameters, module._buffers):
-                for name, value in registry.items():
+                for value in registry.values():
                     if value is None:
                         continue
                     data = value.data
@@ -275,6 +300,12 @@ class Module:
         raise NotImplementedError(f"{type(self).__name__} does not implement forward()")
 
     def __call__(self, *inputs, **kwargs):
+        if _holds_graph_node(inputs):
+            # Called on placeholders of a functional graph, a module records a graph node
+            # instead of computing (the Keras/BigDL style; see nn/graph.py).
+            from bigdl_py.nn.graph import Node  # noqa: PLC0415 - graph.py imports this module
+
+            return Node(self, inputs, kwargs)
         return self.forward(*inputs, **kwargs)
 
     # --- display ------------------------------------------------------------------------

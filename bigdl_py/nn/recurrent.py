@@ -1,3 +1,320 @@
-"""recurrent"""
+"""Recurrent layers: ``LSTM`` and ``GRU`` (BigDL's ``Recurrent().add(LSTM(...))``).
 
-__all__: list[str] = []
+Each layer runs a whole (multi-layer) sequence. Parameter names, shapes, gate order and the
+default initialisation are PyTorch's, so a PyTorch ``state_dict`` loads as is::
+
+    lstm = nn.LSTM(8, 16, num_layers=2)
+    lstm.load_state_dict({k: v.numpy() for k, v in torch_lstm.state_dict().items()})
+
+Per layer, the input projection of all time steps is one GEMM (``ops.linear``); the
+recurrence and its backward through time are one fused node each
+(``_recurrent_functions.py``), so long sequences neither deepen the graph nor slow the
+backward walk.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from bigdl_py.autograd import ops
+from bigdl_py.autograd.tensor import Tensor
+from bigdl_py.nn import init
+from bigdl_py.nn._recurrent_functions import GRUSequence, LSTMSequence
+from bigdl_py.nn.layers._base import (
+    check_positive_int,
+    check_probability,
+    empty_parameter,
+    parameter_dtype,
+)
+from bigdl_py.nn.module import Module
+
+__all__ = ["GRU", "LSTM"]
+
+
+class _Recurrent(Module):
+    """What LSTM and GRU share: parameters, checks, the loop over layers."""
+
+    _gate_count = 0  # gates stacked in each weight: 4 for LSTM, 3 for GRU
+
+    def __init__(
+        self,
+        input_size: int,
+        hidden_size: int,
+        num_layers: int = 1,
+        bias: bool = True,
+        batch_first: bool = True,
+        dropout: float = 0.0,
+        dtype: Any = None,
+    ):
+        super().__init__()
+        name = type(self).__name__
+        self.input_size = check_positive_int(input_size, "input_size", name)
+        self.hidden_size = check_positive_int(hidden_size, "hidden_size", name)
+        self.num_layers = check_positive_int(num_layers, "num_layers", name)
+        self.bias = bool(bias)
+        self.batch_first = bool(batch_first)
+        self.dropout = check_probability(dropout, "dropout", name)
+        dtype = parameter_dtype(dtype, name)
+        gate_width = self._gate_count * self.hidden_size
+        # PyTorch's registration order (and so the flat-parameter layout): per layer,
+        # weight_ih, weight_hh, bias_ih, bias_hh.
+        for layer in range(self.num_layers):
+            layer_input = self.input_size if layer == 0 else self.hidden_size
+            setattr(self, f"weight_ih_l{layer}", empty_parameter((gate_width, layer_input), dtype))
+            setattr(self, f"weight_hh_l{layer}", empty_parameter((gate_width, hidden_size), dtype))
+            if self.bias:
+                setattr(self, f"bias_ih_l{layer}", empty_parameter((gate_width,), dtype))
+                setattr(self, f"bias_hh_l{layer}", empty_parameter((gate_width,), dtype))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """PyTorch's default: every weight and bias from ``U(-1/sqrt(H), 1/sqrt(H))``."""
+        bound = 1.0 / math.sqrt(self.hidden_size)
+        for parameter in self.parameters():
+            init.uniform_(parameter, -bound, bound)
+
+    # --- checks -------------------------------------------------------------------------
+    def _label(self) -> str:
+        return f"{type(self).__name__}({self.extra_repr()})"
+
+    def _checked_input(self, x: Any) -> Tensor:
+        x = x if isinstance(x, Tensor) else Tensor(x, _copy=False)
+        layout = "(N, T, input_size)" if self.batch_first else "(T, N, input_size)"
+        if x.ndim != 3 or x.shape[-1] != self.input_size:
+            raise ValueError(
+                f"{self._label()}: expects {layout} input with input_size={self.input_size}, "
+                f"got shape {x.shape}"
+            )
+        if x.shape[1 if self.batch_first else 0] == 0:
+            raise ValueError(f"{self._label()}: the input sequence is empty (shape {x.shape})")
+        if x.dtype != self.weight_ih_l0.dtype:
+            raise TypeError(
+                f"{self._label()}: input dtype {x.dtype} differs from the parameters' "
+                f"{self.weight_ih_l0.dtype}; convert one with .to(dtype=...)"
+            )
+        return x
+
+    def _checked_state(self, state: Any, what: str, batch: int) -> Tensor:
+        """A given initial state as a Tensor of shape ``(num_layers, N, hidden_size)``."""
+        state = state if isinstance(state, Tensor) else Tensor(state, _copy=False)
+        expected = (self.num_layers, batch, self.hidden_size)
+        if state.shape != expected:
+            raise ValueError(
+                f"{self._label()}: initial {what} must have shape (num_layers, N, "
+                f"hidden_size) = {expected}, got {state.shape}"
+            )
+        if state.dtype != self.weight_ih_l0.dtype:
+            raise TypeError(
+                f"{self._label()}: initial {what} has dtype {state.dtype} but the parameters "
+                f"are {self.weight_ih_l0.dtype}; convert one with .to(dtype=...)"
+            )
+        return state
+
+    def _per_layer(self, state: Tensor | None, like: Tensor, batch: int) -> list:
+        """The initial state of each layer: slices of ``state``, or zeros when it is None."""
+        if state is None:
+            with like.device.activate():
+                zeros = like.device.xp.zeros((batch, self.hidden_size), dtype=like.dtype)
+            return [Tensor(zeros, _copy=False)] * self.num_layers
+        return [ops.getitem(state, layer) for layer in range(self.num_layers)]
+
+    # --- running ------------------------------------------------------------------------
+    def _time_index(self, index) -> tuple:
+        """An index that picks ``index`` along the time axis of a sequence."""
+        return (slice(None), index) if self.batch_first else (index,)
+
+    def _run_layers(self, x: Tensor, initial_states: list[tuple]) -> tuple[Tensor, list]:
+        """Run every layer; ``initial_states[k]`` holds layer k's states (h, or h and c).
+
+        Returns the last layer's output sequence and, per layer, its final states.
+        """
+        sequence, final_states = x, []
+        for layer in range(self.num_layers):
+            weight_ih = getattr(self, f"weight_ih_l{layer}")
+            weight_hh = getattr(self, f"weight_hh_l{layer}")
+            bias_ih = getattr(self, f"bias_ih_l{layer}") if self.bias else None
+            biases = (getattr(self, f"bias_hh_l{layer}"),) if self.bias else ()
+            input_gates = ops.linear(sequence, weight_ih, bias_ih)
+            sequence, states = self._recur(input_gates, weight_hh, initial_states[layer], biases)
+            final_states.append(states)
+            if self.dropout and self.training and layer < self.num_layers - 1:
+                sequence = ops.dropout(sequence, self.dropout)
+        return sequence, final_states
+
+    def _recur(self, input_gates, weight_hh, states, biases) -> tuple[Tensor, tuple]:
+        raise NotImplementedError  # pragma: no cover - each subclass has its recurrence
+
+    def extra_repr(self) -> str:
+        text = f"{self.input_size}, {self.hidden_size}"
+        if self.num_layers != 1:
+            text += f", num_layers={self.num_layers}"
+        if not self.bias:
+            text += ", bias=False"
+        if not self.batch_first:
+            text += ", batch_first=False"
+        if self.dropout:
+            text += f", dropout={self.dropout}"
+        return text
+
+
+class LSTM(_Recurrent):
+    """Multi-layer long short-term memory over a sequence (PyTorch's ``nn.LSTM``).
+
+    For each step, with ``x`` the layer's input and ``(h, c)`` its previous state::
+
+        i, f, g, o = split(x @ W_ih.T + b_ih + h @ W_hh.T + b_hh, 4)
+        c = sigmoid(f) * c + sigmoid(i) * tanh(g)
+        h = sigmoid(o) * tanh(c)
+
+    Parameters
+    ----------
+    input_size : int
+        Features of each input step.
+    hidden_size : int
+        Size ``H`` of the hidden and cell states.
+    num_layers : int
+        Stacked layers; layer ``k > 0`` reads layer ``k - 1``'s hidden sequence.
+    bias : bool
+        Learn ``b_ih`` and ``b_hh`` (default True).
+    batch_first : bool
+        Input and output are ``(N, T, F)`` (default True; note that PyTorch's default is
+        False) or, when False, ``(T, N, F)``.
+    dropout : float
+        Dropout on each layer's output except the last, in training only.
+    dtype : dtype or str, optional
+        Parameter dtype (default float32).
+
+    Notes
+    -----
+    Parameters ``weight_ih_l{k}`` ``(4H, in)``, ``weight_hh_l{k}`` ``(4H, H)``,
+    ``bias_ih_l{k}`` and ``bias_hh_l{k}`` ``(4H,)``, gates in PyTorch's order
+    ``[input, forget, cell, output]``, all initialised from ``U(-1/sqrt(H), 1/sqrt(H))``,
+    so PyTorch weights copy over by name.
+    """
+
+    _gate_count = 4
+
+    def __init__(
+        self,
+        input_size: int,
+        hidden_size: int,
+        num_layers: int = 1,
+        bias: bool = True,
+        batch_first: bool = True,
+        dropout: float = 0.0,
+        dtype: Any = None,
+    ):
+        super().__init__(input_size, hidden_size, num_layers, bias, batch_first, dropout, dtype)
+
+    def forward(self, input, hx=None):  # noqa: A002 - PyTorch's argument name
+        """Run the sequence.
+
+        Parameters
+        ----------
+        input : Tensor
+            ``(N, T, input_size)`` (``(T, N, input_size)`` when ``batch_first=False``).
+        hx : (Tensor, Tensor), optional
+            Initial ``(h_0, c_0)``, each ``(num_layers, N, hidden_size)``; zeros if omitted.
+
+        Returns
+        -------
+        output : Tensor
+            The last layer's hidden state at every step, ``(N, T, H)`` (or ``(T, N, H)``).
+        (h_n, c_n) : (Tensor, Tensor)
+            The final hidden and cell states of every layer, each ``(num_layers, N, H)``.
+        """
+        x = self._checked_input(input)
+        batch = x.shape[0] if self.batch_first else x.shape[1]
+        if hx is None:
+            hidden = cell = None
+        elif isinstance(hx, (tuple, list)) and len(hx) == 2:
+            hidden = self._checked_state(hx[0], "hidden state h_0", batch)
+            cell = self._checked_state(hx[1], "cell state c_0", batch)
+        else:
+            raise TypeError(f"{self._label()}: hx must be a pair (h_0, c_0) or None, got {hx!r}")
+        hiddens, cells = self._per_layer(hidden, x, batch), self._per_layer(cell, x, batch)
+        initial = list(zip(hiddens, cells, strict=True))
+        output, finals = self._run_layers(x, initial)
+        final_hidden = ops.stack([hidden_n for hidden_n, _ in finals], axis=0)
+        final_cell = ops.stack([cell_n for _, cell_n in finals], axis=0)
+        return output, (final_hidden, final_cell)
+
+    def _recur(self, input_gates, weight_hh, states, biases):
+        packed = LSTMSequence.apply(
+            input_gates, weight_hh, *states, *biases, batch_first=self.batch_first
+        )
+        # Rows 0..T-1 of the packed output are the hidden states, row T the last cell state.
+        steps = input_gates.shape[1 if self.batch_first else 0]
+        sequence = ops.getitem(packed, self._time_index(slice(0, steps)))
+        last_hidden = ops.getitem(packed, self._time_index(steps - 1))
+        last_cell = ops.getitem(packed, self._time_index(steps))
+        return sequence, (last_hidden, last_cell)
+
+
+class GRU(_Recurrent):
+    """Multi-layer gated recurrent unit over a sequence (PyTorch's ``nn.GRU``).
+
+    For each step, with ``x`` the layer's input and ``h`` the previous hidden state::
+
+        x_r, x_z, x_n = split(x @ W_ih.T + b_ih, 3)
+        h_r, h_z, h_n = split(h @ W_hh.T + b_hh, 3)
+        r = sigmoid(x_r + h_r);  z = sigmoid(x_z + h_z)
+        n = tanh(x_n + r * h_n)
+        h = (1 - z) * n + z * h
+
+    Parameters
+    ----------
+    input_size, hidden_size, num_layers, bias, batch_first, dropout, dtype
+        As for :class:`LSTM`.
+
+    Notes
+    -----
+    Parameters as for :class:`LSTM` with ``3H`` rows, gates in PyTorch's order
+    ``[reset, update, new]``.
+    """
+
+    _gate_count = 3
+
+    def __init__(
+        self,
+        input_size: int,
+        hidden_size: int,
+        num_layers: int = 1,
+        bias: bool = True,
+        batch_first: bool = True,
+        dropout: float = 0.0,
+        dtype: Any = None,
+    ):
+        super().__init__(input_size, hidden_size, num_layers, bias, batch_first, dropout, dtype)
+
+    def forward(self, input, hx=None):  # noqa: A002 - PyTorch's argument name
+        """Run the sequence.
+
+        Parameters
+        ----------
+        input : Tensor
+            ``(N, T, input_size)`` (``(T, N, input_size)`` when ``batch_first=False``).
+        hx : Tensor, optional
+            Initial hidden state ``(num_layers, N, hidden_size)``; zeros if omitted.
+
+        Returns
+        -------
+        output : Tensor
+            The last layer's hidden state at every step, ``(N, T, H)`` (or ``(T, N, H)``).
+        h_n : Tensor
+            The final hidden state of every layer, ``(num_layers, N, H)``.
+        """
+        x = self._checked_input(input)
+        batch = x.shape[0] if self.batch_first else x.shape[1]
+        hidden = None if hx is None else self._checked_state(hx, "hidden state h_0", batch)
+        initial = [(h0,) for h0 in self._per_layer(hidden, x, batch)]
+        output, finals = self._run_layers(x, initial)
+        return output, ops.stack([hidden_n for (hidden_n,) in finals], axis=0)
+
+    def _recur(self, input_gates, weight_hh, states, biases):
+        sequence = GRUSequence.apply(
+            input_gates, weight_hh, *states, *biases, batch_first=self.batch_first
+        )
+        last_hidden = ops.getitem(sequence, self._time_index(-1))
+        return sequence, (last_hidden,)

@@ -1,3 +1,0 @@
-"""layers"""
-
-__all__: list[str] = []

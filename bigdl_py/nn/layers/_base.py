@@ -1,0 +1,74 @@
+"""What every layer file shares: parameter creation, argument checks, error labels."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from bigdl_py import backend
+from bigdl_py.nn.module import Module, Parameter
+
+
+def parameter_dtype(dtype: Any, layer_name: str) -> np.dtype:
+    """Resolve a layer's ``dtype`` argument (default float32); it must be floating point."""
+    resolved = backend.resolve_dtype(dtype)
+    if not backend.is_floating(resolved):
+        raise TypeError(
+            f"{layer_name}: dtype must be a floating-point type (parameters are trained), "
+            f"got {resolved}"
+        )
+    return resolved
+
+
+def empty_parameter(shape: tuple[int, ...], dtype: np.dtype) -> Parameter:
+    """An uninitialised host parameter; the layer's ``reset_parameters`` fills it."""
+    return Parameter(np.empty(shape, dtype=dtype))
+
+
+def check_positive_int(value: Any, name: str, layer_name: str) -> int:
+    """A size argument: a positive Python int (a bool or a float is a mistake)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{layer_name}: {name} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def check_probability(value: Any, name: str, layer_name: str) -> float:
+    """A probability argument: a number in ``[0, 1]`` (a bool is a mistake)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+        raise ValueError(f"{layer_name}: {name} must be a number in [0, 1], got {value!r}")
+    return float(value)
+
+
+def int_pair(value: Any, name: str, layer_name: str, minimum: int = 1) -> tuple[int, int]:
+    """An int or a pair of ints (a list from a JSON config too), each at least ``minimum``."""
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        pair = (int(value), int(value))
+    elif (
+        isinstance(value, (tuple, list))
+        and len(value) == 2
+        and all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in value)
+    ):
+        pair = (int(value[0]), int(value[1]))
+    else:
+        raise ValueError(f"{layer_name}: {name} must be an int or a pair of ints, got {value!r}")
+    if min(pair) < minimum:
+        raise ValueError(f"{layer_name}: {name} must be >= {minimum}, got {value!r}")
+    return pair
+
+
+def label(layer: Module) -> str:
+    """How errors name a layer: its class and settings, e.g. ``Conv2d(3, 16, kernel_size=...)``."""
+    return f"{type(layer).__name__}({layer.extra_repr()})"
+
+
+def shape_of(x: Any) -> tuple[int, ...]:
+    """The shape of a Tensor, an array, or nested lists."""
+    return tuple(x.shape) if hasattr(x, "shape") else tuple(np.shape(x))
+
+
+def check_ndim(layer: Module, x: Any, allowed: tuple[int, ...], layout: str) -> None:
+    """Raise naming the layer when ``x`` has a rank the layer does not take."""
+    shape = shape_of(x)
+    if len(shape) not in allowed:
+        raise ValueError(f"{label(layer)}: expects {layout} input, got shape {shape}")

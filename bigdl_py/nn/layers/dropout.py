@@ -1,0 +1,43 @@
+"""Dropout (BigDL's ``Dropout``): inverted dropout driven by the module's training flag."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from bigdl_py.autograd import ops
+from bigdl_py.nn.layers._base import check_probability
+from bigdl_py.nn.module import Module
+
+__all__ = ["Dropout"]
+
+
+class Dropout(Module):
+    """Zero each element with probability ``p`` in training and scale the rest by 1/(1-p).
+
+    In evaluation (``model.eval()``) the input passes through unchanged.
+
+    Parameters
+    ----------
+    p : float
+        Drop probability in ``[0, 1]`` (default 0.5).
+    seed : int, optional
+        Give the layer its own generator seeded with ``seed``, so its masks repeat from
+        run to run. Without it masks come from the generator shared by all dropout ops,
+        which ``bigdl_py.autograd.ops.manual_seed`` reseeds.
+
+    Notes
+    -----
+    BigDL's ``Dropout(init_p)`` means the same ``p`` and also scales at training time.
+    """
+
+    def __init__(self, p: float = 0.5, seed: int | None = None):
+        super().__init__()
+        self.p = check_probability(p, "p", "Dropout")
+        self.seed = seed
+        self._generator = None if seed is None else np.random.default_rng(seed)
+
+    def forward(self, x):
+        return ops.dropout(x, self.p, training=self.training, rng=self._generator)
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}" + ("" if self.seed is None else f", seed={self.seed}")

@@ -1,0 +1,222 @@
+"""Batch and layer normalisation (BigDL's ``BatchNormalization``,
+``SpatialBatchNormalization``; PyTorch's ``LayerNorm``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from bigdl_py.autograd import ops
+from bigdl_py.autograd.tensor import Tensor
+from bigdl_py.nn import init
+from bigdl_py.nn.layers._base import (
+    check_ndim,
+    check_positive_int,
+    empty_parameter,
+    label,
+    parameter_dtype,
+)
+from bigdl_py.nn.module import Module
+
+__all__ = ["BatchNorm1d", "BatchNorm2d", "LayerNorm"]
+
+
+class _BatchNorm(Module):
+    """Batch normalisation over axis 1; subclasses fix which input ranks are accepted."""
+
+    _ranks: tuple[int, ...] = ()
+    _layout = ""
+
+    def __init__(
+        self,
+        num_features: int,
+        eps: float = 1e-5,
+        momentum: float | None = 0.1,
+        affine: bool = True,
+        track_running_stats: bool = True,
+        dtype: Any = None,
+    ):
+        super().__init__()
+        name = type(self).__name__
+        self.num_features = check_positive_int(num_features, "num_features", name)
+        if eps <= 0:
+            raise ValueError(f"{name}: eps must be > 0, got {eps}")
+        if momentum is not None and not 0.0 <= momentum <= 1.0:
+            raise ValueError(f"{name}: momentum must be in [0, 1] or None, got {momentum}")
+        self.eps = float(eps)
+        self.momentum = None if momentum is None else float(momentum)
+        self.affine = bool(affine)
+        self.track_running_stats = bool(track_running_stats)
+        dtype = parameter_dtype(dtype, name)
+        if self.affine:
+            self.weight = empty_parameter((self.num_features,), dtype)
+            self.bias = empty_parameter((self.num_features,), dtype)
+        else:
+            self.register_parameter("weight", None)
+            self.register_parameter("bias", None)
+        if self.track_running_stats:
+            self.register_buffer("running_mean", Tensor(np.zeros(self.num_features, dtype)))
+            self.register_buffer("running_var", Tensor(np.ones(self.num_features, dtype)))
+            # Counted as in PyTorch (so its state dicts load) and used when momentum is None.
+            self.register_buffer("num_batches_tracked", Tensor(np.zeros((), np.int64)))
+        else:
+            self.register_buffer("running_mean", None)
+            self.register_buffer("running_var", None)
+            self.register_buffer("num_batches_tracked", None)
+        self.reset_parameters()
+
+    def reset_running_stats(self) -> None:
+        """Running mean 0, running variance 1, no batches seen."""
+        if self.track_running_stats:
+            init.zeros_(self.running_mean)
+            init.ones_(self.running_var)
+            self.num_batches_tracked.data[...] = 0
+
+    def reset_parameters(self) -> None:
+        """Scale 1 and shift 0 (the identity on normalised input), fresh running statistics."""
+        self.reset_running_stats()
+        if self.affine:
+            init.ones_(self.weight)
+            init.zeros_(self.bias)
+
+    def forward(self, x):
+        check_ndim(self, x, self._ranks, self._layout)
+        if x.shape[1] != self.num_features:
+            raise ValueError(
+                f"{label(self)}: input has {x.shape[1]} channels (shape {tuple(x.shape)}); "
+                f"expected {self.num_features}"
+            )
+        momentum = self.momentum
+        if self.training and self.track_running_stats:
+            self.num_batches_tracked.data += 1
+            if momentum is None:  # a cumulative moving average of every batch so far
+                momentum = 1.0 / float(self.num_batches_tracked.item())
+        # Without running statistics there is nothing else to normalise with, even in eval.
+        use_batch_statistics = self.training or not self.track_running_stats
+        return ops.batch_norm(
+            x,
+            self.running_mean if self.track_running_stats else None,
+            self.running_var if self.track_running_stats else None,
+            self.weight,
+            self.bias,
+            training=use_batch_statistics,
+            momentum=0.0 if momentum is None else momentum,
+            eps=self.eps,
+        )
+
+    def extra_repr(self) -> str:
+        return (
+            f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, "
+            f"affine={self.affine}, track_running_stats={self.track_running_stats}"
+        )
+
+
+class BatchNorm1d(_BatchNorm):
+    """Batch normalisation of ``(N, C)`` or ``(N, C, L)`` input, per feature ``C``.
+
+    Parameters
+    ----------
+    num_features : int
+        ``C``.
+    eps : float
+        Added to the variance before the square root (default 1e-5).
+    momentum : float or None
+        Weight of the current batch in the running statistics (default 0.1); ``None``
+        keeps a cumulative average over all batches.
+    affine : bool
+        Learn a per-feature scale ``weight`` (init 1) and shift ``bias`` (init 0).
+    track_running_stats : bool
+        Keep ``running_mean``/``running_var`` buffers for evaluation; without them
+        evaluation normalises with the batch's own statistics.
+    dtype : dtype or str, optional
+        Dtype of parameters and running statistics (default float32).
+
+    Notes
+    -----
+    Training normalises with the batch's biased variance and updates the running variance
+    with the unbiased one, as PyTorch does. BigDL's ``momentum`` has the same meaning.
+    """
+
+    _ranks = (2, 3)
+    _layout = "(N, C) or (N, C, L)"
+
+
+class BatchNorm2d(_BatchNorm):
+    """Batch normalisation of ``(N, C, H, W)`` input, per channel; arguments as
+    :class:`BatchNorm1d`."""
+
+    _ranks = (4,)
+    _layout = "(N, C, H, W)"
+
+
+class LayerNorm(Module):
+    """Normalise each sample over its trailing ``normalized_shape`` axes.
+
+    Parameters
+    ----------
+    normalized_shape : int or sequence of int
+        The trailing input shape to normalise over.
+    eps : float
+        Added to the variance (default 1e-5).
+    elementwise_affine : bool
+        Learn a scale ``weight`` (init 1) of shape ``normalized_shape``.
+    bias : bool
+        With ``elementwise_affine``, also learn a shift ``bias`` (init 0).
+    dtype : dtype or str, optional
+        Parameter dtype (default float32).
+    """
+
+    def __init__(
+        self,
+        normalized_shape: int | Sequence[int],
+        eps: float = 1e-5,
+        elementwise_affine: bool = True,
+        bias: bool = True,
+        dtype: Any = None,
+    ):
+        super().__init__()
+        if isinstance(normalized_shape, (int, np.integer)):
+            normalized_shape = (normalized_shape,)
+        self.normalized_shape = tuple(
+            check_positive_int(size, "normalized_shape", "LayerNorm") for size in normalized_shape
+        )
+        if not self.normalized_shape:
+            raise ValueError("LayerNorm: normalized_shape must name at least one axis")
+        if eps <= 0:
+            raise ValueError(f"LayerNorm: eps must be > 0, got {eps}")
+        self.eps = float(eps)
+        self.elementwise_affine = bool(elementwise_affine)
+        dtype = parameter_dtype(dtype, "LayerNorm")
+        if self.elementwise_affine:
+            self.weight = empty_parameter(self.normalized_shape, dtype)
+        else:
+            self.register_parameter("weight", None)
+        if self.elementwise_affine and bias:
+            self.bias = empty_parameter(self.normalized_shape, dtype)
+        else:
+            self.register_parameter("bias", None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        if self.weight is not None:
+            init.ones_(self.weight)
+        if self.bias is not None:
+            init.zeros_(self.bias)
+
+    def forward(self, x):
+        count = len(self.normalized_shape)
+        shape = tuple(x.shape)
+        if shape[len(shape) - count :] != self.normalized_shape:
+            raise ValueError(
+                f"{label(self)}: input shape {shape} does not end with normalized_shape "
+                f"{self.normalized_shape}"
+            )
+        return ops.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+
+    def extra_repr(self) -> str:
+        return (
+            f"{self.normalized_shape}, eps={self.eps}, "
+            f"elementwise_affine={self.elementwise_affine}, bias={self.bias is not None}"
+        )

@@ -1,0 +1,281 @@
+"""LSTM and GRU: finite differences, PyTorch parity, initialisation, dropout and errors.
+
+The PyTorch checks copy our parameters into ``torch.nn.LSTM``/``GRU`` with
+``load_state_dict(strict=True)`` (proving the names and shapes are PyTorch's), then compare
+the output sequence, the final states and the gradients of the input, of the initial
+states and of every parameter, in float64 to 1e-5 relative.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from bigdl_py import nn
+from bigdl_py.autograd import Tensor, gradcheck, ops
+
+F64 = np.float64
+INPUT_SIZE, HIDDEN_SIZE, BATCH, STEPS = 3, 2, 2, 3
+
+
+def sequence(steps=STEPS, batch=BATCH, features=INPUT_SIZE, batch_first=True, seed=0):
+    shape = (batch, steps, features) if batch_first else (steps, batch, features)
+    return np.random.default_rng(seed).standard_normal(shape)
+
+
+def initial_state(layers, batch=BATCH, hidden=HIDDEN_SIZE, seed=1):
+    return np.random.default_rng(seed).standard_normal((layers, batch, hidden))
+
+
+def flat_outputs(layer, x, states):
+    """Every output of ``layer(x, states)`` (sequence and final states), as one 1-d tensor."""
+    if isinstance(layer, nn.LSTM):
+        hx = None if states is None else (states[0], states[1])
+        output, (hidden, cell) = layer(x, hx)
+        pieces = [output, hidden, cell]
+    else:
+        output, hidden = layer(x, None if states is None else states[0])
+        pieces = [output, hidden]
+    return ops.concatenate([ops.reshape(piece, (-1,)) for piece in pieces])
+
+
+RECURRENT_CASES = [
+    pytest.param(nn.LSTM, {}, True, id="lstm"),
+    pytest.param(nn.LSTM, {"num_layers": 2}, True, id="lstm_2_layers"),
+    pytest.param(nn.LSTM, {"num_layers": 2, "batch_first": False}, True, id="lstm_time_major"),
+    pytest.param(nn.LSTM, {"bias": False}, False, id="lstm_no_bias_zero_state"),
+    pytest.param(nn.GRU, {}, True, id="gru"),
+    pytest.param(nn.GRU, {"num_layers": 2}, True, id="gru_2_layers"),
+    pytest.param(nn.GRU, {"num_layers": 2, "batch_first": False}, True, id="gru_time_major"),
+    pytest.param(nn.GRU, {"bias": False}, False, id="gru_no_bias_zero_state"),
+]
+
+
+@pytest.mark.parametrize("layer_class, kwargs, with_state", RECURRENT_CASES)
+def test_recurrent_gradients_match_finite_differences(layer_class, kwargs, with_state):
+    layer = layer_class(INPUT_SIZE, HIDDEN_SIZE, dtype=F64, **kwargs)
+    x = Tensor(sequence(batch_first=layer.batch_first), requires_grad=True, dtype=F64)
+    states = None
+    if with_state:
+        count = 2 if layer_class is nn.LSTM else 1
+        states = [
+            Tensor(initial_state(layer.num_layers, seed=k), requires_grad=True, dtype=F64)
+            for k in range(count)
+        ]
+    checked = [x] + (states or []) + list(layer.parameters())
+    assert gradcheck(lambda *_: flat_outputs(layer, x, states), checked)
+
+
+@pytest.mark.parametrize("layer_class, kwargs, with_state", RECURRENT_CASES)
+def test_recurrent_matches_pytorch(torch, layer_class, kwargs, with_state):
+    ours = layer_class(INPUT_SIZE, HIDDEN_SIZE, dtype=F64, **kwargs)
+    their_kwargs = {"batch_first": True, **kwargs}  # PyTorch's default is time-major
+    theirs = getattr(torch.nn, layer_class.__name__)(INPUT_SIZE, HIDDEN_SIZE, **their_kwargs)
+    theirs.double().load_state_dict({k: torch.from_numpy(v) for k, v in ours.state_dict().items()})
+
+    arrays = [sequence(steps=5, batch=3, batch_first=ours.batch_first)]
+    if with_state:
+        count = 2 if layer_class is nn.LSTM else 1
+        arrays += [initial_state(ours.num_layers, batch=3, seed=k) for k in range(count)]
+    our_inputs = [Tensor(a, requires_grad=True, dtype=F64) for a in arrays]
+    their_inputs = [torch.tensor(a, requires_grad=True) for a in arrays]
+
+    our_outputs = flat_outputs(ours, our_inputs[0], our_inputs[1:] or None)
+    if layer_class is nn.LSTM:
+        hx = tuple(their_inputs[1:]) if with_state else None
+        output, (hidden, cell) = theirs(their_inputs[0], hx)
+        their_pieces = [output, hidden, cell]
+    else:
+        output, hidden = theirs(their_inputs[0], their_inputs[1] if with_state else None)
+        their_pieces = [output, hidden]
+    their_outputs = torch.cat([piece.reshape(-1) for piece in their_pieces])
+    np.testing.assert_allclose(
+        our_outputs.numpy(), their_outputs.detach().numpy(), rtol=1e-5, atol=1e-12
+    )
+
+    upstream = np.random.default_rng(2).standard_normal(our_outputs.shape)
+    our_outputs.backward(upstream)
+    their_outputs.backward(torch.from_numpy(upstream))
+    names = ["input", "h_0", "c_0"]
+    for name, mine, reference in zip(names, our_inputs, their_inputs, strict=False):
+        np.testing.assert_allclose(
+            mine.grad.numpy(),
+            reference.grad.numpy(),
+            rtol=1e-5,
+            atol=1e-12,
+            err_msg=f"gradient of {name}",
+        )
+    their_parameters = dict(theirs.named_parameters())
+    assert [name for name, _ in ours.named_parameters()] == list(their_parameters)
+    for name, parameter in ours.named_parameters():
+        np.testing.assert_allclose(
+            parameter.grad.numpy(),
+            their_parameters[name].grad.numpy(),
+            rtol=1e-5,
+            atol=1e-12,
+            err_msg=f"gradient of {name}",
+        )
+
+
+def test_long_sequence_matches_pytorch_and_needs_no_recursion(torch):
+    steps = 1500
+    ours = nn.GRU(2, 3, dtype=F64)
+    theirs = torch.nn.GRU(2, 3, batch_first=True).double()
+    theirs.load_state_dict({k: torch.from_numpy(v) for k, v in ours.state_dict().items()})
+    x = 0.5 * sequence(steps=steps, batch=2, features=2)
+    our_x = Tensor(x, requires_grad=True, dtype=F64)
+    their_x = torch.tensor(x, requires_grad=True)
+    ours(our_x)[0].sum().backward()
+    theirs(their_x)[0].sum().backward()
+    np.testing.assert_allclose(our_x.grad.numpy(), their_x.grad.numpy(), rtol=1e-5, atol=1e-12)
+
+
+# --- parameters and initialisation ----------------------------------------------------------
+@pytest.mark.parametrize("layer_class, gates", [(nn.LSTM, 4), (nn.GRU, 3)])
+def test_parameters_have_pytorch_names_shapes_and_default_range(layer_class, gates):
+    with nn.init.seeded(0):
+        layer = layer_class(10, 20, num_layers=2)
+    shapes = {name: parameter.shape for name, parameter in layer.named_parameters()}
+    assert shapes == {
+        "weight_ih_l0": (gates * 20, 10),
+        "weight_hh_l0": (gates * 20, 20),
+        "bias_ih_l0": (gates * 20,),
+        "bias_hh_l0": (gates * 20,),
+        "weight_ih_l1": (gates * 20, 20),
+        "weight_hh_l1": (gates * 20, 20),
+        "bias_ih_l1": (gates * 20,),
+        "bias_hh_l1": (gates * 20,),
+    }
+    bound = 1 / math.sqrt(20)
+    values = np.concatenate([p.numpy().reshape(-1) for p in layer.parameters()])
+    assert values.min() >= -bound and values.max() <= bound
+    # Thousands of uniform draws come close to both ends of the range.
+    assert values.min() < -0.95 * bound and values.max() > 0.95 * bound
+    assert all(p.dtype == np.float32 for p in layer.parameters())
+
+
+def test_seeded_builds_are_identical():
+    with nn.init.seeded(3):
+        first = nn.LSTM(4, 5).state_dict()
+    with nn.init.seeded(3):
+        second = nn.LSTM(4, 5).state_dict()
+    assert all(np.array_equal(first[name], second[name]) for name in first)
+
+
+@pytest.mark.parametrize("layer_class", [nn.LSTM, nn.GRU])
+def test_float32_layer_keeps_float32_outputs_and_gradients(layer_class):
+    layer = layer_class(INPUT_SIZE, HIDDEN_SIZE)
+    x = Tensor(sequence(), dtype=np.float32, requires_grad=True)
+    output = layer(x)[0]
+    output.sum().backward()
+    assert output.dtype == np.float32 and output.shape == (BATCH, STEPS, HIDDEN_SIZE)
+    assert x.grad.dtype == np.float32
+    assert all(p.grad.dtype == np.float32 for p in layer.parameters())
+
+
+@pytest.mark.parametrize("layer_class", [nn.LSTM, nn.GRU])
+def test_final_hidden_state_is_the_last_step_of_the_output(layer_class):
+    layer = layer_class(INPUT_SIZE, HIDDEN_SIZE, num_layers=2, batch_first=False, dtype=F64)
+    output, state = layer(Tensor(sequence(batch_first=False), dtype=F64))
+    hidden = state[0] if layer_class is nn.LSTM else state
+    assert output.shape == (STEPS, BATCH, HIDDEN_SIZE)
+    assert hidden.shape == (2, BATCH, HIDDEN_SIZE)
+    np.testing.assert_array_equal(hidden.numpy()[-1], output.numpy()[-1])
+
+
+# --- dropout between layers -----------------------------------------------------------------
+def test_dropout_acts_between_layers_in_training_only():
+    with nn.init.seeded(0):
+        dropped = nn.LSTM(INPUT_SIZE, HIDDEN_SIZE, num_layers=2, dropout=0.5, dtype=F64)
+    with nn.init.seeded(0):
+        plain = nn.LSTM(INPUT_SIZE, HIDDEN_SIZE, num_layers=2, dtype=F64)
+    x = Tensor(sequence(), dtype=F64)
+    ops.manual_seed(0)
+    assert not np.allclose(dropped(x)[0].numpy(), plain(x)[0].numpy())
+    dropped.eval()
+    np.testing.assert_array_equal(dropped(x)[0].numpy(), plain(x)[0].numpy())
+
+
+# --- errors ---------------------------------------------------------------------------------
+def float32_zeros(*shape) -> Tensor:
+    return Tensor(np.zeros(shape), dtype=np.float32)
+
+
+@pytest.mark.parametrize(
+    "call, error, message",
+    [
+        (
+            lambda: nn.LSTM(3, 2)(Tensor(np.zeros((2, 4, 5)))),
+            ValueError,
+            r"LSTM\(3, 2\): expects \(N, T, input_size\) input with input_size=3, got shape",
+        ),
+        (
+            lambda: nn.GRU(3, 2, batch_first=False)(Tensor(np.zeros((4, 3)))),
+            ValueError,
+            r"expects \(T, N, input_size\) input",
+        ),
+        (lambda: nn.GRU(3, 2)(Tensor(np.zeros((2, 0, 3)))), ValueError, "sequence is empty"),
+        (
+            lambda: nn.GRU(3, 2)(Tensor(np.zeros((2, 4, 3)), dtype=F64)),
+            TypeError,
+            "input dtype float64 differs from the parameters' float32",
+        ),
+        (
+            lambda: nn.GRU(3, 2, num_layers=2)(float32_zeros(2, 4, 3), np.zeros((1, 2, 2))),
+            ValueError,
+            r"initial hidden state h_0 must have shape .* \(2, 2, 2\), got \(1, 2, 2\)",
+        ),
+        (
+            lambda: nn.LSTM(3, 2)(float32_zeros(2, 4, 3), np.zeros((1, 2, 2))),
+            TypeError,
+            r"hx must be a pair \(h_0, c_0\)",
+        ),
+        (
+            lambda: nn.GRU(3, 2)(float32_zeros(2, 4, 3), np.zeros((1, 2, 2))),
+            TypeError,
+            "initial hidden state h_0 has dtype float64 but the parameters are float32",
+        ),
+        (lambda: nn.LSTM(3, 0), ValueError, "hidden_size must be a positive integer"),
+        (lambda: nn.GRU(3, 2, dropout=1.5), ValueError, "dropout must be a number in"),
+    ],
+    ids=[
+        "feature_size",
+        "rank",
+        "empty",
+        "dtype",
+        "state_shape",
+        "lstm_state_pair",
+        "state_dtype",
+        "hidden_size",
+        "dropout",
+    ],
+)
+def test_bad_inputs_and_settings_are_refused_with_a_clear_message(call, error, message):
+    with pytest.raises(error, match=message):
+        call()
+
+
+# --- with a loss, end to end ------------------------------------------------------------------
+@pytest.mark.parametrize("layer_class", [nn.LSTM, nn.GRU])
+def test_recurrent_layer_with_cross_entropy_learns_the_sign_of_a_sequence_sum(layer_class):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((64, 8, 1))
+    labels = (x.sum(axis=(1, 2)) > 0).astype(int)
+    with nn.init.seeded(0):
+        recurrent = layer_class(1, 8, dtype=F64)
+    readout = nn.Parameter(0.1 * rng.standard_normal((2, 8)))
+    parameters = list(recurrent.parameters()) + [readout]
+    loss_function = nn.CrossEntropyLoss()
+    losses = []
+    for _ in range(120):  # full-batch gradient descent
+        output, _ = recurrent(Tensor(x, dtype=F64))
+        loss = loss_function(ops.linear(output[:, -1], readout), labels)
+        for parameter in parameters:
+            parameter.grad = None
+        loss.backward()
+        for parameter in parameters:
+            parameter.data -= 0.5 * parameter.grad.data
+        losses.append(loss.item())
+    assert losses[-1] < 0.4 * losses[0]
