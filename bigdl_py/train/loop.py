@@ -1,0 +1,437 @@
+"""The training loop shared by every optimizer: ``BaseOptimizer``.
+
+It decides which batch comes next, and around each iteration it evaluates the triggers,
+runs validation, writes summaries and checkpoints, reports progress and handles NaN/Inf
+losses. The iteration itself is delegated to an :class:`~bigdl_py.train.runner.IterationRunner`
+(local or Spark), so ``LocalOptimizer`` and ``DistriOptimizer`` are this loop with different
+runners and the same behaviour everywhere else.
+
+Order of events after each iteration: counters advance; the train summary and progress are
+written; validation runs when its trigger fires; at an epoch's end the learning-rate
+schedule hears about it (with that epoch's validation score, for ``Plateau``); a checkpoint
+is written when its trigger fires; then the end trigger decides whether to go on.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from bigdl_py.nn.module import Module
+from bigdl_py.optim import ConstantClipping, L2NormClipping, OptimMethod
+from bigdl_py.train import checkpoint as checkpoints
+from bigdl_py.train import resume
+from bigdl_py.train.metrics import ValidationMethod, ValidationResult, check_methods
+from bigdl_py.train.progress import Progress
+from bigdl_py.train.runner import IterationResult, IterationRunner, TrainingSetup
+from bigdl_py.train.summary import TrainSummary, ValidationSummary
+from bigdl_py.train.triggers import TrainingState, Trigger, check_trigger
+
+logger = logging.getLogger("bigdl_py.train")
+
+
+class NonFiniteLossError(FloatingPointError):
+    """The training loss became NaN or infinite; training stopped before updating on it."""
+
+
+@dataclass
+class _ValidationPlan:
+    trigger: Trigger
+    dataset: Any
+    methods: list[ValidationMethod]
+    batch_size: int
+
+
+@dataclass
+class _CheckpointPlan:
+    path: str
+    trigger: Trigger
+    overwrite: bool
+
+
+class BaseOptimizer:
+    """The BigDL training API over a pluggable :class:`IterationRunner`.
+
+    Subclasses (``LocalOptimizer``, ``DistriOptimizer``) choose the runner and convert the
+    data they accept; everything else is here.
+
+    Parameters
+    ----------
+    model : Module
+    training_set
+        Anything with ``len()`` and ``global_batch_indices(epoch, batch_size)`` (an
+        ``ArrayDataset``), which defines every epoch's batches, and that the runner reads.
+    criterion : Module
+        The loss, called as ``criterion(output, target)``; returns the batch mean.
+    optim_method : OptimMethod
+        The update rule (with its learning-rate schedule).
+    end_trigger : Trigger, optional
+        When to stop; can be set later with :meth:`set_end_when`.
+    batch_size : int, optional
+        The global batch size (default: the training set's ``batch_size``).
+    runner : IterationRunner
+    skip_nonfinite_batches : bool
+        On a NaN/Inf loss, skip the batch (weights unchanged) and count it in
+        ``state.skipped_batches``, instead of stopping with :class:`NonFiniteLossError`.
+    progress : bool or Progress
+        Report progress (a bar on a terminal, log lines otherwise).
+    """
+
+    def __init__(
+        self,
+        model: Module,
+        training_set: Any,
+        criterion: Any,
+        optim_method: OptimMethod,
+        end_trigger: Trigger | None,
+        batch_size: int | None,
+        runner: IterationRunner,
+        *,
+        skip_nonfinite_batches: bool = False,
+        progress: bool | Progress = True,
+    ):
+        if not isinstance(model, Module):
+            raise TypeError(f"model must be a bigdl_py Module, got {type(model).__name__}")
+        if not callable(criterion):
+            raise TypeError(f"criterion must be a loss module, got {type(criterion).__name__}")
+        self.model = model
+        self.training_set = training_set
+        self.criterion = criterion
+        self.set_optim_method(optim_method)
+        self.batch_size = self._check_batch_size(batch_size)  # first: it names swapped args
+        self.end_trigger = None
+        if end_trigger is not None:
+            self.set_end_when(end_trigger)
+        self.runner = runner
+        self.skip_nonfinite_batches = bool(skip_nonfinite_batches)
+        self.progress = progress if isinstance(progress, Progress) else Progress(bool(progress))
+        self.state = TrainingState()
+        self.last_validation: list[ValidationResult] = []
+        self.last_checkpoint: str | None = None
+        self.train_summary: TrainSummary | None = None
+        self.validation_summary: ValidationSummary | None = None
+        self._validation: _ValidationPlan | None = None
+        self._checkpoint: _CheckpointPlan | None = None
+        self._constant_clipping: ConstantClipping | None = None
+        self._l2_clipping: L2NormClipping | None = None
+        self._resume_path: str | None = None
+
+    def _check_batch_size(self, batch_size: Any) -> int:
+        if batch_size is None:
+            batch_size = getattr(self.training_set, "batch_size", None)
+            if batch_size is None:
+                raise ValueError("batch_size is required: the training set does not define one")
+        if isinstance(batch_size, Trigger):
+            raise TypeError(
+                f"batch_size got a Trigger ({batch_size!r}); pass end_trigger= and batch_size= "
+                "by keyword"
+            )
+        if isinstance(batch_size, bool) or int(batch_size) != batch_size or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        return int(batch_size)
+
+    # --- BigDL's setters (each returns self) --------------------------------------------
+    def set_optim_method(self, optim_method: OptimMethod) -> BaseOptimizer:
+        if not isinstance(optim_method, OptimMethod):
+            raise TypeError(
+                "optim_method must be a bigdl_py.optim OptimMethod (SGD, Adam, ...), got "
+                f"{type(optim_method).__name__}"
+            )
+        self.optim_method = optim_method
+        return self
+
+    def set_end_when(self, end_trigger: Trigger) -> BaseOptimizer:
+        """Stop training when ``end_trigger`` fires (e.g. ``MaxEpoch(10)``)."""
+        self.end_trigger = check_trigger(end_trigger, "end_trigger")
+        return self
+
+    def set_validation(
+        self,
+        trigger: Trigger,
+        dataset: Any,
+        methods: ValidationMethod | list[ValidationMethod],
+        batch_size: int | None = None,
+    ) -> BaseOptimizer:
+        """Evaluate ``methods`` on ``dataset`` whenever ``trigger`` fires.
+
+        The first method's value is the *score* (``MaxScore``, ``Plateau``). ``Loss()``
+        without a criterion uses the training criterion. ``batch_size`` defaults to the
+        training batch size.
+        """
+        dataset = self._as_validation_set(dataset)
+        if len(dataset) == 0:
+            raise ValueError("the validation set is empty")
+        bound = [method.with_default_criterion(self.criterion) for method in check_methods(methods)]
+        self._validation = _ValidationPlan(
+            check_trigger(trigger, "validation trigger"),
+            dataset,
+            bound,
+            self.batch_size if batch_size is None else self._check_batch_size(batch_size),
+        )
+        return self
+
+    def _as_validation_set(self, dataset: Any) -> Any:
+        """Subclasses convert what they accept (arrays, RDDs) into what their runner reads."""
+        return dataset
+
+    def set_checkpoint(self, path: Any, trigger: Any, overwrite: bool = True) -> BaseOptimizer:
+        """Write a checkpoint into directory ``path`` whenever ``trigger`` fires.
+
+        BigDL's argument order ``set_checkpoint(trigger, path)`` is accepted too.
+        ``overwrite=True`` keeps the two newest checkpoints; ``False`` keeps all of them
+        and refuses to replace one. Resume with :meth:`resume_from`.
+        """
+        if isinstance(path, Trigger):
+            path, trigger = trigger, path
+        self._checkpoint = _CheckpointPlan(
+            str(path), check_trigger(trigger, "checkpoint trigger"), bool(overwrite)
+        )
+        return self
+
+    def set_train_summary(self, summary: TrainSummary | None) -> BaseOptimizer:
+        if summary is not None and not isinstance(summary, TrainSummary):
+            raise TypeError(f"expected a TrainSummary, got {type(summary).__name__}")
+        self.train_summary = summary
+        return self
+
+    def set_validation_summary(self, summary: ValidationSummary | None) -> BaseOptimizer:
+        if summary is not None and not isinstance(summary, ValidationSummary):
+            raise TypeError(f"expected a ValidationSummary, got {type(summary).__name__}")
+        self.validation_summary = summary
+        return self
+
+    def set_gradient_clipping_by_l2_norm(self, max_norm: float) -> BaseOptimizer:
+        """Scale each gradient so its global L2 norm is at most ``max_norm``."""
+        self._l2_clipping = L2NormClipping(max_norm)
+        return self
+
+    def set_constant_gradient_clipping(self, min_value: float, max_value: float) -> BaseOptimizer:
+        """Clamp every gradient element into ``[min_value, max_value]`` (before L2 clipping)."""
+        self._constant_clipping = ConstantClipping(min_value, max_value)
+        return self
+
+    def disable_gradient_clipping(self) -> BaseOptimizer:
+        self._constant_clipping = self._l2_clipping = None
+        return self
+
+    def set_progress(
+        self, enabled: bool = True, bar: bool | None = None, log_interval: int | None = None
+    ) -> BaseOptimizer:
+        """Progress reporting: on/off, bar forced on/off, iterations between log lines."""
+        self.progress = Progress(enabled, bar, log_interval)
+        return self
+
+    def resume_from(self, path: str) -> BaseOptimizer:
+        """Start the next :meth:`optimize` from a checkpoint (a directory or a manifest).
+
+        Weights, optimizer state, learning-rate schedule, epoch/iteration, the position in
+        the epoch and the model's random streams are restored, so the run continues exactly
+        as if it had not stopped.
+        """
+        self._resume_path = str(path)
+        return self
+
+    @property
+    def clippings(self) -> tuple:
+        """Active gradient clippings, in the order they apply."""
+        return tuple(c for c in (self._constant_clipping, self._l2_clipping) if c is not None)
+
+    # --- training -----------------------------------------------------------------------
+    def optimize(self) -> Module:
+        """Train until the end trigger fires; return the trained model.
+
+        Raises
+        ------
+        NonFiniteLossError
+            When a loss is NaN/Inf and ``skip_nonfinite_batches`` is off; the weights are
+            those before that batch and the last checkpoint is untouched.
+        """
+        if self.end_trigger is None:
+            raise ValueError("no end trigger: pass end_trigger= or call set_end_when(MaxEpoch(n))")
+        setup = TrainingSetup(
+            self.model,
+            self.criterion,
+            self.optim_method,
+            self.training_set,
+            self.batch_size,
+            self.clippings,
+        )
+        self.runner.prepare(setup)
+        try:
+            if self._resume_path is not None:
+                self._restore(checkpoints.load_checkpoint(self._resume_path))
+                self._resume_path = None
+            try:
+                self._train()
+            except NonFiniteLossError:
+                self.runner.sync_model()  # the model then holds the weights the error speaks of
+                raise
+            self.runner.sync_model()
+        finally:
+            self.progress.close()
+            for summary in (self.train_summary, self.validation_summary):
+                if summary is not None:
+                    summary.flush()
+            self.runner.close()
+        return self.model
+
+    def _batch_plan(self, epoch: int) -> list:
+        """Sample indices of every batch of ``epoch`` (the training set defines them)."""
+        return self.training_set.global_batch_indices(epoch, self.batch_size)
+
+    def _train(self) -> None:
+        state = self.state
+        plan, plan_epoch = [], None
+        while not self.end_trigger(state):
+            if plan_epoch != state.epoch:
+                plan, plan_epoch = self._batch_plan(state.epoch), state.epoch
+                self._start_epoch(plan)
+            indices = plan[state.iteration_in_epoch]
+            learning_rate = self.runner.learning_rate()
+            started = time.perf_counter()
+            result = self.runner.run_iteration(
+                state.epoch, state.iteration, state.iteration_in_epoch, indices
+            )
+            self._after_iteration(result, time.perf_counter() - started, learning_rate, plan)
+
+    def _start_epoch(self, plan: list) -> None:
+        state = self.state
+        if not plan:
+            raise ValueError(
+                f"epoch {state.epoch + 1} has no batches: {len(self.training_set)} samples with "
+                f"batch_size {self.batch_size} (and drop_last) make no full batch"
+            )
+        if state.iteration_in_epoch >= len(plan):
+            raise ValueError(
+                f"the resume position (batch {state.iteration_in_epoch + 1} of epoch "
+                f"{state.epoch + 1}) is past the epoch's {len(plan)} batches; was the checkpoint "
+                "written with another training set or batch size?"
+            )
+        self._epoch_started = time.perf_counter()
+        self._epoch_samples = sum(len(batch) for batch in plan)
+        self._samples_done = sum(len(batch) for batch in plan[: state.iteration_in_epoch])
+        self.progress.start_epoch(state.epoch + 1, state.iteration_in_epoch, len(plan))
+
+    def _after_iteration(
+        self, result: IterationResult, seconds: float, learning_rate: float, plan: list
+    ) -> None:
+        state = self.state
+        finite = math.isfinite(result.loss)
+        if not finite:
+            self._nonfinite_loss(result.loss, len(plan))
+        else:
+            state.loss = result.loss
+        epoch = state.epoch + 1  # 1-based, for people
+        state.iteration += 1
+        state.iteration_in_epoch += 1
+        state.epoch_finished = state.iteration_in_epoch >= len(plan)
+        if state.epoch_finished:
+            state.epoch += 1
+            state.iteration_in_epoch = 0
+        self._samples_done += result.samples
+        throughput = result.samples / max(seconds, 1e-9)
+        if self.train_summary is not None and finite:
+            self._write_train_summary(result.loss, throughput, learning_rate)
+        self.progress.iteration(
+            epoch,
+            state.iteration,
+            self._samples_done,
+            self._epoch_samples,
+            state.loss if state.loss is not None else math.nan,
+            throughput,
+            learning_rate,
+        )
+        if self._validation is not None and self._validation.trigger(state):
+            self._validate()
+        if state.epoch_finished:
+            self.runner.end_epoch(state.epoch, state.epoch_score)
+            state.epoch_score = None
+            self.progress.end_epoch(
+                state.epoch, time.perf_counter() - self._epoch_started, self._epoch_samples
+            )
+        if self._checkpoint is not None and self._checkpoint.trigger(state):
+            self._save_checkpoint()
+
+    def _nonfinite_loss(self, loss: float, batches: int) -> None:
+        state = self.state
+        where = (
+            f"iteration {state.iteration + 1} (epoch {state.epoch + 1}, batch "
+            f"{state.iteration_in_epoch + 1} of {batches})"
+        )
+        if self.skip_nonfinite_batches:
+            state.skipped_batches += 1
+            logger.warning("loss is %s at %s: batch skipped, weights unchanged", loss, where)
+            return
+        last = ""
+        if self.last_checkpoint:
+            last = f"; the last checkpoint, {self.last_checkpoint}, is intact"
+        raise NonFiniteLossError(
+            f"training loss is {loss} at {where}; training stopped and the weights are those "
+            f"before this batch{last}. Lower the learning rate, clip gradients "
+            "(set_gradient_clipping_by_l2_norm) or pass skip_nonfinite_batches=True"
+        )
+
+    def _write_train_summary(self, loss: float, throughput: float, learning_rate: float) -> None:
+        summary, state = self.train_summary, self.state
+        candidates = {"Loss": loss, "Throughput": throughput, "LearningRate": learning_rate}
+        values = {}
+        for tag, value in candidates.items():
+            trigger = summary.get_summary_trigger(tag)
+            if trigger is not None and trigger(state):
+                values[tag] = value
+        if values:
+            summary.add_scalars(values, state.iteration)
+        parameters_trigger = summary.get_summary_trigger("Parameters")
+        if parameters_trigger is not None and parameters_trigger(state):
+            for name, array in self.runner.model_state_dict().items():
+                summary.add_histogram(name, array, state.iteration)
+
+    def _validate(self) -> None:
+        plan, state = self._validation, self.state
+        results = self.runner.evaluate(plan.dataset, plan.methods, plan.batch_size)
+        self.last_validation = results
+        state.score = results[0].value
+        state.epoch_score = state.score
+        if self.validation_summary is not None:
+            self.validation_summary.add_scalars(
+                {result.name: result.value for result in results}, state.iteration
+            )
+        self.progress.message(
+            f"[Epoch {state.epoch}][Iteration {state.iteration}] validation: "
+            + ", ".join(repr(result) for result in results)
+        )
+
+    # --- checkpoints --------------------------------------------------------------------
+    def _dataset_fingerprint(self) -> dict:
+        """What must match for a resume to see the same batches (subclasses may extend it)."""
+        return resume.dataset_fingerprint(self.training_set, self.batch_size)
+
+    def _save_checkpoint(self) -> None:
+        for summary in (self.train_summary, self.validation_summary):
+            if summary is not None:
+                summary.flush()  # the curves on disk reach at least the checkpoint
+        arrays, metadata = resume.capture(
+            self.runner,
+            self.state,
+            self._dataset_fingerprint(),
+            self.optim_method,
+            self.last_validation,
+        )
+        plan = self._checkpoint
+        self.last_checkpoint = checkpoints.save_checkpoint(
+            plan.path, self.state.iteration, arrays, metadata, overwrite=plan.overwrite
+        )
+        self.progress.message(f"checkpoint written: {self.last_checkpoint}")
+
+    def _restore(self, checkpoint: checkpoints.Checkpoint) -> None:
+        self.state, self.last_validation = resume.restore(
+            self.runner, checkpoint, self._dataset_fingerprint()
+        )
+        self.last_checkpoint = checkpoint.path
+        self.progress.message(
+            f"resumed from {checkpoint.path}: {self.state.epoch} epochs and "
+            f"{self.state.iteration} iterations done"
+        )

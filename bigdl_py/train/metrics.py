@@ -1,0 +1,276 @@
+"""Validation methods (BigDL's ``ValidationMethod``): Top1Accuracy, Top5Accuracy, Loss, MAE.
+
+A method turns one batch's model output and target into a *partial* :class:`ValidationResult`
+— a sum and a count — and partial results merge by adding both. So a validation set can be
+evaluated batch by batch, or partition by partition on Spark executors, and merged on the
+driver into exactly the result of one pass over all of it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+from bigdl_py import backend
+from bigdl_py.autograd.tensor import Tensor
+
+
+class ValidationResult:
+    """A mergeable metric: ``value = total / count``.
+
+    Parameters
+    ----------
+    name : str
+        The method that produced it, e.g. ``"Top1Accuracy"``.
+    total : float
+        Sum over the samples seen (correct predictions, summed loss, summed absolute error).
+    count : int
+        Number of samples (or elements, for MAE) the total covers.
+
+    Examples
+    --------
+    >>> merged = ValidationResult("Top1Accuracy", 90, 100) + ValidationResult("Top1Accuracy", 8, 10)
+    >>> merged.value
+    0.8909090909090909
+    """
+
+    __slots__ = ("name", "total", "count")
+
+    def __init__(self, name: str, total: float = 0.0, count: int = 0):
+        self.name = str(name)
+        self.total = float(total)
+        self.count = int(count)
+
+    @property
+    def value(self) -> float:
+        """``total / count``; NaN when nothing was counted."""
+        return self.total / self.count if self.count else math.nan
+
+    def __add__(self, other: ValidationResult) -> ValidationResult:
+        if not isinstance(other, ValidationResult):
+            return NotImplemented
+        if other.name != self.name:
+            raise ValueError(f"cannot merge a {self.name} result with a {other.name} result")
+        return ValidationResult(self.name, self.total + other.total, self.count + other.count)
+
+    @staticmethod
+    def merge(results: Iterable[ValidationResult]) -> ValidationResult:
+        """Sum partial results of one method (e.g. one per partition)."""
+        results = list(results)
+        if not results:
+            raise ValueError("ValidationResult.merge needs at least one result")
+        merged = results[0]
+        for result in results[1:]:
+            merged = merged + result
+        return merged
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ValidationResult):
+            return NotImplemented
+        return (self.name, self.total, self.count) == (other.name, other.total, other.count)
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "total": self.total, "count": self.count, "value": self.value}
+
+    def __repr__(self) -> str:
+        total = f"{self.total:.0f}" if self.total.is_integer() else f"{self.total:.6g}"
+        return f"{self.name}: {self.value:.4f} ({total} / {self.count})"
+
+
+class ValidationMethod:
+    """Base class: ``batch_result(output, target)`` gives a partial :class:`ValidationResult`.
+
+    Attributes
+    ----------
+    higher_is_better : bool
+        Direction of improvement (accuracies: True; losses and errors: False).
+    """
+
+    higher_is_better = True
+
+    @property
+    def name(self) -> str:
+        return type(self).__name__
+
+    def batch_result(self, output: Any, target: Any) -> ValidationResult:
+        raise NotImplementedError(f"{self.name} does not implement batch_result()")
+
+    def empty_result(self) -> ValidationResult:
+        """The neutral element of merging: nothing counted yet."""
+        return ValidationResult(self.name)
+
+    def with_default_criterion(self, criterion: Any) -> ValidationMethod:
+        """This method, or a copy bound to ``criterion`` where it needs one (:class:`Loss`)."""
+        return self
+
+    def __call__(self, output: Any, target: Any) -> ValidationResult:
+        return self.batch_result(output, target)
+
+    def __repr__(self) -> str:
+        return f"{self.name}()"
+
+
+def _array(value: Any) -> Any:
+    """The raw array of a Tensor (or of the first output of a multi-output model)."""
+    if isinstance(value, (tuple, list)):
+        value = value[0]
+    return value.data if isinstance(value, Tensor) else value
+
+
+def _class_targets(target: Any, like: Any, method: str) -> Any:
+    """Targets as a 1-D integer array on ``like``'s device."""
+    target = backend.to_device(_array(target), backend.device_of(like))
+    if target.ndim == 2 and target.shape[1] == 1:
+        target = target[:, 0]
+    if target.ndim != 1:
+        raise ValueError(
+            f"{method}: targets must be class indices of shape (n,), got shape {target.shape}"
+        )
+    return target.astype(np.int64, copy=False)
+
+
+class TopKAccuracy(ValidationMethod):
+    """Share of samples whose target class is among the ``k`` highest scores.
+
+    Parameters
+    ----------
+    k : int
+        How many of the top-scoring classes count as a hit.
+
+    Notes
+    -----
+    Outputs are ``(n, classes)`` scores (log-probabilities, probabilities or logits: only
+    their order matters) and targets are 0-based class indices. A one-column output (or a
+    1-D one) is a binary probability: the prediction is ``output >= 0.5``.
+    """
+
+    def __init__(self, k: int):
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+            raise ValueError(f"TopKAccuracy: k must be an integer >= 1, got {k!r}")
+        self.k = int(k)
+
+    @property
+    def name(self) -> str:
+        return f"Top{self.k}Accuracy"
+
+    def batch_result(self, output: Any, target: Any) -> ValidationResult:
+        scores = _array(output)
+        xp = backend.array_module(scores)
+        labels = _class_targets(target, scores, self.name)
+        if scores.ndim == 1 or (scores.ndim == 2 and scores.shape[1] == 1):
+            predicted = (scores.reshape(-1) >= 0.5).astype(np.int64)
+            correct = xp.sum(predicted == labels)
+        elif scores.ndim == 2:
+            if scores.shape[0] != labels.shape[0]:
+                raise ValueError(
+                    f"{self.name}: {scores.shape[0]} outputs but {labels.shape[0]} targets"
+                )
+            if self.k >= scores.shape[1]:
+                correct = labels.shape[0]
+            elif self.k == 1:
+                correct = xp.sum(xp.argmax(scores, axis=1) == labels)
+            else:
+                top = xp.argpartition(-scores, self.k - 1, axis=1)[:, : self.k]
+                correct = xp.sum(xp.any(top == labels[:, None], axis=1))
+        else:
+            raise ValueError(
+                f"{self.name}: expects outputs of shape (n, classes), got shape {scores.shape}"
+            )
+        return ValidationResult(self.name, float(correct), int(labels.shape[0]))
+
+    def __repr__(self) -> str:
+        return f"TopKAccuracy({self.k})" if self.k not in (1, 5) else f"{self.name}()"
+
+
+class Top1Accuracy(TopKAccuracy):
+    """Share of samples whose highest-scoring class is the target (BigDL's Top1Accuracy)."""
+
+    def __init__(self):
+        super().__init__(1)
+
+
+class Top5Accuracy(TopKAccuracy):
+    """Share of samples whose target is among the five highest scores (BigDL's Top5Accuracy)."""
+
+    def __init__(self):
+        super().__init__(5)
+
+
+class Loss(ValidationMethod):
+    """The mean of a criterion over the validation set (BigDL's ``Loss``).
+
+    Parameters
+    ----------
+    criterion : Module, optional
+        A loss that returns the *mean* over its batch (the default reduction of every
+        bigdl_py loss); a criterion with ``reduction == "sum"`` is also understood. ``None``
+        means the training criterion when used through an optimizer's ``set_validation``.
+    """
+
+    higher_is_better = False
+
+    def __init__(self, criterion: Any = None):
+        if getattr(criterion, "reduction", "mean") not in ("mean", "sum"):
+            raise ValueError(
+                f"Loss needs a criterion that reduces its batch to one number ('mean' or 'sum'), "
+                f"got reduction={criterion.reduction!r}"
+            )
+        self.criterion = criterion
+
+    def with_default_criterion(self, criterion: Any) -> ValidationMethod:
+        return self if self.criterion is not None else Loss(criterion)
+
+    def batch_result(self, output: Any, target: Any) -> ValidationResult:
+        if self.criterion is None:
+            raise ValueError(
+                "Loss() has no criterion: pass one (Loss(nn.NLLLoss())), or use it through an "
+                "optimizer's set_validation, which supplies the training criterion"
+            )
+        if not isinstance(target, Tensor):
+            target = Tensor(target, _copy=False)
+        value = self.criterion(output, target)
+        value = float(value.item() if isinstance(value, Tensor) else value)
+        count = int(_array(output).shape[0])
+        reduction = getattr(self.criterion, "reduction", "mean")
+        total = value if reduction == "sum" else value * count
+        return ValidationResult(self.name, total, count)
+
+    def __repr__(self) -> str:
+        return f"Loss({self.criterion!r})" if self.criterion is not None else "Loss()"
+
+
+class MAE(ValidationMethod):
+    """Mean absolute error over every output element (BigDL's ``MAE``)."""
+
+    higher_is_better = False
+
+    def batch_result(self, output: Any, target: Any) -> ValidationResult:
+        predicted = _array(output)
+        xp = backend.array_module(predicted)
+        expected = backend.to_device(_array(target), backend.device_of(predicted))
+        if expected.size != predicted.size:
+            raise ValueError(
+                f"MAE: output shape {tuple(predicted.shape)} and target shape "
+                f"{tuple(expected.shape)} hold different numbers of elements"
+            )
+        difference = predicted.astype(np.float64) - expected.reshape(predicted.shape)
+        return ValidationResult(self.name, float(xp.sum(xp.abs(difference))), predicted.size)
+
+
+def check_methods(methods: Any) -> list[ValidationMethod]:
+    """A list of validation methods from one method or a sequence; a clear error otherwise."""
+    if isinstance(methods, ValidationMethod):
+        methods = [methods]
+    methods = list(methods)
+    if not methods:
+        raise ValueError("set_validation needs at least one validation method, e.g. Top1Accuracy()")
+    for method in methods:
+        if not isinstance(method, ValidationMethod):
+            raise TypeError(
+                "validation methods must be ValidationMethod instances (Top1Accuracy(), "
+                f"Top5Accuracy(), Loss(), MAE()), got {type(method).__name__}: {method!r}"
+            )
+    return methods

@@ -1,0 +1,150 @@
+"""``LocalOptimizer`` (train in this process) and ``Optimizer``, the front door that picks one.
+
+``Optimizer(model, training_set, criterion, optim_method, end_trigger, batch_size)`` returns a
+``LocalOptimizer`` for in-memory data (an ``ArrayDataset`` or ``(features, labels)`` arrays)
+and a ``DistriOptimizer`` (``bigdl_py.spark.distri_optimizer``) for a PySpark RDD or
+DataFrame. Both are :class:`~bigdl_py.train.loop.BaseOptimizer`: the same setters, triggers,
+validation, checkpoints and summaries; only the runner of one iteration differs.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from bigdl_py.nn.module import Module
+from bigdl_py.optim import OptimMethod
+from bigdl_py.train.batches import as_array_dataset
+from bigdl_py.train.loop import BaseOptimizer
+from bigdl_py.train.progress import Progress
+from bigdl_py.train.runner import LocalRunner
+from bigdl_py.train.triggers import Trigger
+
+_DISTRIBUTED_MODULE = "bigdl_py.spark.distri_optimizer"
+
+
+class LocalOptimizer(BaseOptimizer):
+    """Train ``model`` in this process (on the model's device: CPU, or GPU through CuPy).
+
+    Parameters
+    ----------
+    model : Module
+    training_set : ArrayDataset or (features, labels)
+        Arrays become ``ArrayDataset(features, labels, shuffle=True, seed=0)``.
+    criterion : Module
+        The loss (e.g. ``nn.NLLLoss()`` after ``LogSoftmax``, or ``nn.CrossEntropyLoss()``).
+    optim_method : OptimMethod
+        e.g. ``SGD(lr=0.05, momentum=0.9)`` or ``Adam(lr=1e-3)``.
+    batch_size : int, optional
+        Default: the dataset's ``batch_size``.
+    end_trigger : Trigger, optional
+        e.g. ``MaxEpoch(10)``; or call :meth:`set_end_when` later.
+    skip_nonfinite_batches : bool
+        Skip NaN/Inf-loss batches instead of stopping.
+    progress : bool or Progress
+
+    Examples
+    --------
+    >>> optimizer = LocalOptimizer(model, train_set, nn.NLLLoss(), SGD(lr=0.05, momentum=0.9),
+    ...                            batch_size=128, end_trigger=MaxEpoch(3))
+    >>> optimizer.set_validation(EveryEpoch(), test_set, [Top1Accuracy(), Loss()])
+    >>> trained = optimizer.optimize()
+    """
+
+    def __init__(
+        self,
+        model: Module,
+        training_set: Any,
+        criterion: Any,
+        optim_method: OptimMethod,
+        batch_size: int | None = None,
+        end_trigger: Trigger | None = None,
+        *,
+        skip_nonfinite_batches: bool = False,
+        progress: bool | Progress = True,
+    ):
+        super().__init__(
+            model,
+            as_array_dataset(training_set, "training_set"),
+            criterion,
+            optim_method,
+            end_trigger,
+            batch_size,
+            LocalRunner(),
+            skip_nonfinite_batches=skip_nonfinite_batches,
+            progress=progress,
+        )
+
+    def _as_validation_set(self, dataset: Any) -> Any:
+        return as_array_dataset(dataset, "validation dataset", shuffle=False, train=False)
+
+
+def _is_spark_data(data: Any) -> bool:
+    """An RDD or a DataFrame, recognised without importing pyspark."""
+    return any(
+        cls.__module__.startswith("pyspark.") and cls.__name__ in ("RDD", "DataFrame")
+        for cls in type(data).__mro__
+    )
+
+
+class Optimizer:
+    """BigDL's front door: a ``LocalOptimizer`` or a ``DistriOptimizer`` for the data given.
+
+    Parameters
+    ----------
+    model, training_set, criterion, optim_method, end_trigger, batch_size
+        As for :class:`LocalOptimizer`; a PySpark RDD (of ``Sample``) or DataFrame as
+        ``training_set`` selects distributed training on the active SparkSession.
+    **options
+        Passed to the chosen optimizer (e.g. ``skip_nonfinite_batches``).
+
+    Returns
+    -------
+    LocalOptimizer or DistriOptimizer
+        Constructing an ``Optimizer`` returns an instance of one of them.
+    """
+
+    def __new__(
+        cls,
+        model: Module,
+        training_set: Any,
+        criterion: Any,
+        optim_method: OptimMethod,
+        end_trigger: Trigger | None = None,
+        batch_size: int | None = None,
+        **options: Any,
+    ) -> BaseOptimizer:
+        if isinstance(end_trigger, int) and isinstance(batch_size, Trigger):
+            raise TypeError(
+                "Optimizer takes (model, training_set, criterion, optim_method, end_trigger, "
+                "batch_size); got a batch size where the end trigger goes — pass them by keyword"
+            )
+        if _is_spark_data(training_set):
+            target = _distri_optimizer_class()
+        else:
+            target = LocalOptimizer
+        return target(
+            model,
+            training_set,
+            criterion,
+            optim_method,
+            batch_size=batch_size,
+            end_trigger=end_trigger,
+            **options,
+        )
+
+
+def _distri_optimizer_class() -> type:
+    try:
+        module = importlib.import_module(_DISTRIBUTED_MODULE)
+    except ImportError as error:
+        raise ImportError(
+            "the training set is a Spark RDD/DataFrame, which needs the distributed optimizer "
+            f"({_DISTRIBUTED_MODULE}.DistriOptimizer), but it cannot be imported: {error}. "
+            "Install pyspark, or pass an ArrayDataset / (features, labels) arrays to train "
+            "locally"
+        ) from error
+    try:
+        return module.DistriOptimizer
+    except AttributeError:
+        raise ImportError(f"{_DISTRIBUTED_MODULE} does not define DistriOptimizer") from None

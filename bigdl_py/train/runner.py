@@ -1,0 +1,189 @@
+"""How ONE training iteration runs: the only part local and distributed training do differently.
+
+The training loop (:class:`bigdl_py.train.loop.BaseOptimizer`) owns everything around an
+iteration — which batch comes next, triggers, validation scheduling, checkpoints, summaries,
+progress, non-finite losses. It hands the work itself to an :class:`IterationRunner`:
+
+* :class:`LocalRunner` (this file) trains the model in this process on a flat parameter
+  vector: zero the gradient vector, forward, loss, backward, clip, ``optim_method.step``.
+* The Spark runner of ``DistriOptimizer`` does the same iteration across partitions: model
+  replicas, gradient slices through a shuffle, sharded optimizer state, weights broadcast.
+
+The runner contract
+-------------------
+``prepare(setup)``
+    Called once per ``optimize()`` before any other method, with a :class:`TrainingSetup`.
+``run_iteration(epoch, iteration, batch_index, indices) -> IterationResult``
+    Train on the samples ``indices`` of ``setup.training_set`` (global batch ``batch_index``
+    of epoch ``epoch``, 0-based; ``iteration`` = iterations completed before this one). It
+    must (1) compute the mean loss of the batch; (2) if the loss is finite, back-propagate,
+    apply ``setup.clippings`` in order (an ``L2NormClipping`` needs the norm of the WHOLE
+    gradient: sum ``sum_of_squares`` over the slices, then ``clip_slice_``) and apply
+    ``setup.optim_method``'s rule; if the loss is NaN or infinite, change neither the
+    weights nor the optimizer state; (3) in both cases advance the learning-rate schedule
+    as ``optim_method.on_iteration_end(iteration + 1)`` does.
+``end_epoch(epoch, validation_score)``
+    ``epoch`` epochs are complete: forward to ``optim_method.on_epoch_end``.
+``learning_rate() -> float``
+    The learning rate the next update will use (for summaries and progress).
+``evaluate(dataset, methods, batch_size) -> list[ValidationResult]``
+    Merged validation results of the current weights (training mode restored after).
+``model_state_dict()`` / ``load_model_state_dict(state)``
+    Host arrays of every parameter and buffer by dotted name (``Module.state_dict``).
+``optim_state_dict()`` / ``load_optim_state_dict(state)``
+    The optimizer state: one dict, or a list of per-shard dicts for sharded state (each a
+    ``str -> numpy array or Python scalar`` mapping as ``OptimMethod.state_dict`` gives).
+``rng_state()`` / ``load_rng_state(state)``
+    JSON values of the random streams the model draws from (dropout), for exact resumes.
+``sync_model()``
+    Make ``setup.model`` hold the trained weights (a no-op when it already does).
+``close()``
+    Release resources; called when ``optimize()`` ends, normally or not.
+
+The base class implements everything but ``run_iteration`` and ``evaluate`` on
+``setup.model`` and ``setup.optim_method`` in this process; a runner whose state lives
+elsewhere (model replicas and optimizer shards on executors) overrides those methods, or
+keeps the driver's copies in step (e.g. calls ``optim_method.on_iteration_end`` on the
+driver's instance too, so ``learning_rate()`` stays right).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from bigdl_py.optim import FlatParameters
+from bigdl_py.train import batches as batch_io
+from bigdl_py.train.metrics import ValidationMethod, ValidationResult
+from bigdl_py.train.rng import load_model_rng_state, model_rng_state
+
+
+@dataclass
+class TrainingSetup:
+    """What a runner trains: handed to :meth:`IterationRunner.prepare`.
+
+    Attributes
+    ----------
+    model, criterion, optim_method
+        The module, the loss module, the OptimMethod (whole-vector instance; a sharding
+        runner clones it per shard with ``copy.deepcopy`` or its ``config()``).
+    training_set
+        The training data (an ``ArrayDataset`` locally; whatever the runner understands).
+    batch_size : int
+        The global batch size.
+    clippings : tuple
+        Gradient clippings to apply in order: a ``ConstantClipping`` and/or an
+        ``L2NormClipping`` (empty: none).
+    """
+
+    model: Any
+    criterion: Any
+    optim_method: Any
+    training_set: Any
+    batch_size: int
+    clippings: tuple = ()
+
+
+class IterationResult(NamedTuple):
+    """The outcome of one iteration: its mean loss, its sample count, whether it updated."""
+
+    loss: float
+    samples: int
+    applied: bool = True
+
+
+class IterationRunner:
+    """Base class of runners; see the module docstring for the contract."""
+
+    setup: TrainingSetup
+
+    def prepare(self, setup: TrainingSetup) -> None:
+        self.setup = setup
+
+    def run_iteration(
+        self, epoch: int, iteration: int, batch_index: int, indices: np.ndarray
+    ) -> IterationResult:
+        raise NotImplementedError(f"{type(self).__name__} does not implement run_iteration()")
+
+    def end_epoch(self, epoch: int, validation_score: float | None = None) -> None:
+        self.setup.optim_method.on_epoch_end(epoch, validation_score)
+
+    def learning_rate(self) -> float:
+        return float(self.setup.optim_method.current_learning_rate())
+
+    def evaluate(
+        self, dataset: Any, methods: Sequence[ValidationMethod], batch_size: int
+    ) -> list[ValidationResult]:
+        raise NotImplementedError(f"{type(self).__name__} does not implement evaluate()")
+
+    def model_state_dict(self) -> dict[str, np.ndarray]:
+        return dict(self.setup.model.state_dict())
+
+    def load_model_state_dict(self, state: dict[str, np.ndarray]) -> None:
+        self.setup.model.load_state_dict(state)
+
+    def optim_state_dict(self) -> dict[str, Any] | list[dict[str, Any]]:
+        return self.setup.optim_method.state_dict()
+
+    def load_optim_state_dict(self, state: dict[str, Any] | list[dict[str, Any]]) -> None:
+        if isinstance(state, list):
+            raise ValueError(
+                f"{type(self).__name__} keeps one optimizer state but the checkpoint holds "
+                f"{len(state)} shards; resume it with the optimizer that wrote it"
+            )
+        self.setup.optim_method.load_state_dict(state)
+
+    def rng_state(self) -> dict[str, Any]:
+        return model_rng_state(self.setup.model)
+
+    def load_rng_state(self, state: dict[str, Any]) -> None:
+        load_model_rng_state(self.setup.model, state)
+
+    def sync_model(self) -> None:
+        """The local model is the trained one; runners with replicas copy weights back."""
+
+    def close(self) -> None:
+        """Nothing to release locally."""
+
+
+class LocalRunner(IterationRunner):
+    """Trains in this process, on the model's device, over one flat parameter vector.
+
+    The parameters are flattened once (:class:`FlatParameters`), so an iteration makes no
+    copy of the weights: backward accumulates into the flat gradient vector, and the optim
+    method updates the flat weight vector the layers view.
+    """
+
+    def prepare(self, setup: TrainingSetup) -> None:
+        super().prepare(setup)
+        setup.model.train()
+        self.flat = FlatParameters(setup.model)
+        self.device = self.flat.device
+
+    def run_iteration(
+        self, epoch: int, iteration: int, batch_index: int, indices: np.ndarray
+    ) -> IterationResult:
+        setup = self.setup
+        batch = batch_io.training_batch(setup.training_set, epoch, batch_index, indices)
+        self.flat.zero_grad()
+        output = batch_io.forward(setup.model, batch, self.device)
+        loss = setup.criterion(output, batch_io.labels_on(batch, self.device))
+        loss_value = float(loss.item())
+        applied = bool(np.isfinite(loss_value))
+        if applied:
+            loss.backward()
+            for clipping in setup.clippings:  # each clips the whole vector in place
+                clipping.clip_(self.flat.gradients)
+            setup.optim_method.step(self.flat.weights, self.flat.gradients)
+        setup.optim_method.on_iteration_end(iteration + 1)
+        return IterationResult(loss_value, batch.size, applied)
+
+    def evaluate(
+        self, dataset: Any, methods: Sequence[ValidationMethod], batch_size: int
+    ) -> list[ValidationResult]:
+        return batch_io.evaluate_batches(
+            self.setup.model, batch_io.validation_batches(dataset, batch_size), methods, self.device
+        )

@@ -1,0 +1,207 @@
+"""Triggers: when to stop, validate, checkpoint or write a summary (BigDL's ``Trigger``).
+
+A trigger is a pure function of a :class:`TrainingState`: it keeps no memory of its own.
+That is what makes a resumed run behave exactly like an uninterrupted one — the state is in
+the checkpoint, and nothing else is needed to decide what fires next.
+
+The training loop builds the state after every iteration (and once before the first, so an
+end trigger that is already met ends training before any work). Counters count what is
+*completed*: after the first iteration of a run ``iteration == 1``; after the first epoch
+``epoch == 1``.
+
+Triggers combine with ``And``/``Or`` or with the ``&``/``|`` operators::
+
+    end = MaxEpoch(10) | MinLoss(0.05)
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+
+
+@dataclass
+class TrainingState:
+    """Where training stands; what every trigger looks at.
+
+    Attributes
+    ----------
+    epoch : int
+        Epochs completed.
+    iteration : int
+        Iterations completed over the whole run (a skipped non-finite batch counts).
+    iteration_in_epoch : int
+        Iterations completed in the current (unfinished) epoch; the position in its batches.
+    epoch_finished : bool
+        True right after the iteration that completed an epoch.
+    loss : float or None
+        Training loss of the last iteration (None before the first).
+    score : float or None
+        Value of the first validation method at the last validation (None before one ran).
+    epoch_score : float or None
+        The last validation score obtained during the current epoch; given to the learning-rate
+        schedule at the epoch's end (e.g. ``Plateau``) and then cleared.
+    skipped_batches : int
+        Batches skipped because their loss was NaN or infinite (``skip_nonfinite_batches``).
+    """
+
+    epoch: int = 0
+    iteration: int = 0
+    iteration_in_epoch: int = 0
+    epoch_finished: bool = False
+    loss: float | None = None
+    score: float | None = None
+    epoch_score: float | None = None
+    skipped_batches: int = 0
+
+    def to_dict(self) -> dict:
+        """Plain JSON values (non-finite floats as strings, since JSON has none)."""
+        return {key: _encode_float(value) for key, value in vars(self).items()}
+
+    @classmethod
+    def from_dict(cls, values: dict) -> TrainingState:
+        return cls(**{key: _decode_float(value) for key, value in values.items()})
+
+
+def _encode_float(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)  # 'nan', 'inf', '-inf'
+    return value
+
+
+def _decode_float(value):
+    return float(value) if isinstance(value, str) else value
+
+
+class Trigger:
+    """Base class: ``trigger(state)`` says whether to act now."""
+
+    def __call__(self, state: TrainingState) -> bool:
+        raise NotImplementedError(f"{type(self).__name__} does not implement __call__")
+
+    def __and__(self, other: Trigger) -> And:
+        return And(self, other)
+
+    def __or__(self, other: Trigger) -> Or:
+        return Or(self, other)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+def _check_count(owner: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"{owner}: expected an integer >= 1, got {value!r}")
+    return int(value)
+
+
+class MaxEpoch(Trigger):
+    """Fires once ``max_epoch`` epochs are completed (an end trigger)."""
+
+    def __init__(self, max_epoch: int):
+        self.max_epoch = _check_count("MaxEpoch", max_epoch)
+
+    def __call__(self, state: TrainingState) -> bool:
+        return state.epoch >= self.max_epoch
+
+    def __repr__(self) -> str:
+        return f"MaxEpoch({self.max_epoch})"
+
+
+class MaxIteration(Trigger):
+    """Fires once ``max_iteration`` iterations are completed (an end trigger)."""
+
+    def __init__(self, max_iteration: int):
+        self.max_iteration = _check_count("MaxIteration", max_iteration)
+
+    def __call__(self, state: TrainingState) -> bool:
+        return state.iteration >= self.max_iteration
+
+    def __repr__(self) -> str:
+        return f"MaxIteration({self.max_iteration})"
+
+
+class EveryEpoch(Trigger):
+    """Fires right after each epoch ends (for validation, checkpoints, summaries)."""
+
+    def __call__(self, state: TrainingState) -> bool:
+        return state.epoch_finished
+
+
+class SeveralIteration(Trigger):
+    """Fires after every ``interval``-th iteration (iterations counted over the whole run)."""
+
+    def __init__(self, interval: int):
+        self.interval = _check_count("SeveralIteration", interval)
+
+    def __call__(self, state: TrainingState) -> bool:
+        return state.iteration > 0 and state.iteration % self.interval == 0
+
+    def __repr__(self) -> str:
+        return f"SeveralIteration({self.interval})"
+
+
+class MinLoss(Trigger):
+    """Fires once the last training loss is below ``min_loss`` (an end trigger)."""
+
+    def __init__(self, min_loss: float):
+        self.min_loss = float(min_loss)
+
+    def __call__(self, state: TrainingState) -> bool:
+        return state.loss is not None and state.loss < self.min_loss
+
+    def __repr__(self) -> str:
+        return f"MinLoss({self.min_loss!r})"
+
+
+class MaxScore(Trigger):
+    """Fires once the last validation score (first validation method) exceeds ``max_score``."""
+
+    def __init__(self, max_score: float):
+        self.max_score = float(max_score)
+
+    def __call__(self, state: TrainingState) -> bool:
+        return state.score is not None and state.score > self.max_score
+
+    def __repr__(self) -> str:
+        return f"MaxScore({self.max_score!r})"
+
+
+class _Combination(Trigger):
+    def __init__(self, *triggers: Trigger):
+        if not triggers:
+            raise ValueError(f"{type(self).__name__} needs at least one trigger")
+        for trigger in triggers:
+            if not isinstance(trigger, Trigger):
+                raise TypeError(
+                    f"{type(self).__name__} combines Triggers, got {type(trigger).__name__}"
+                )
+        self.triggers = tuple(triggers)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(repr(t) for t in self.triggers)})"
+
+
+class And(_Combination):
+    """Fires when every one of its triggers fires."""
+
+    def __call__(self, state: TrainingState) -> bool:
+        return all(trigger(state) for trigger in self.triggers)
+
+
+class Or(_Combination):
+    """Fires when any of its triggers fires."""
+
+    def __call__(self, state: TrainingState) -> bool:
+        return any(trigger(state) for trigger in self.triggers)
+
+
+def check_trigger(trigger, what: str) -> Trigger:
+    """Return ``trigger``, or raise a TypeError naming the setting it was given for."""
+    if not isinstance(trigger, Trigger):
+        raise TypeError(
+            f"{what} must be a Trigger (MaxEpoch, MaxIteration, EveryEpoch, SeveralIteration, "
+            f"MinLoss, MaxScore, And, Or), got {type(trigger).__name__}: {trigger!r}"
+        )
+    return trigger
