@@ -161,7 +161,12 @@ def _group_to_array(
     else:
         # Scalar columns, or several columns: one flat vector per row, like Spark ML's
         # VectorAssembler, in the order the columns were named.
-        array = np.concatenate([block.reshape(rows, -1) for block in blocks], axis=1)
+        # An explicit width: reshape(rows, -1) cannot infer it when there are no rows.
+        widths = [int(np.prod(block.shape[1:], dtype=np.int64)) for block in blocks]
+        array = np.concatenate(
+            [block.reshape(rows, width) for block, width in zip(blocks, widths, strict=True)],
+            axis=1,
+        )
     if dtype is not None:
         array = array.astype(dtype, copy=False)
     if feature_shape is not None:

@@ -1,0 +1,425 @@
+"""Spark DataFrames <-> NumPy feature and label arrays, through Arrow, per partition.
+
+No Python object per row is made on the way: the JVM writes the selected columns as Arrow
+record batches for a Python worker, the worker serialises each batch whole (Arrow IPC) into
+one binary value, and the task on the other side turns a partition's batches into arrays
+column by column with :func:`bigdl_py.data.table_to_arrays` (the same conversion Parquet
+and Arrow files go through).
+
+Feature columns may be ``array<float|double>`` columns (nested arrays too), Spark ML
+``Vector`` columns (``VectorAssembler`` output; converted with
+``pyspark.ml.functions.vector_to_array`` in the JVM first), or several numeric scalar
+columns (each row's values side by side, as ``VectorAssembler`` would put them). With the
+default ``dtype=float32``, ``double`` arrays and vectors are narrowed to ``float`` in the JVM,
+which halves what crosses into Python.
+
+Partitions and order
+--------------------
+:func:`arrow_batch_rdd` (and so :func:`dataframe_to_partition_arrays`) applies only narrow,
+order-keeping steps to the DataFrame's physical plan — a projection, an Arrow UDF, a filter
+on its result — so partition ``i`` of the result holds exactly the rows of partition ``i`` of
+the DataFrame, in their order, and the partition count is the DataFrame's. (The DataFrame's
+own partitioning is whatever its plan gives: after a shuffle, adaptive query execution may
+coalesce partitions; ``df.rdd.getNumPartitions()`` tells.)
+
+Needs PySpark >= 4.1 for ``pyspark.sql.functions.arrow_udf``. ``DataFrame.mapInArrow`` would
+do the same job, but PySpark builds its UDF through ``pandas_udf`` and refuses to run it
+without pandas, which bigdl_py does not otherwise need.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+
+from bigdl_py.data.arrow_tables import ColumnSpec, ShapeSpec, feature_column_groups, table_to_arrays
+
+if TYPE_CHECKING:
+    from pyspark import RDD
+    from pyspark.sql import Column, DataFrame, SparkSession
+
+BATCH_COLUMN = "arrow_ipc_batch"
+
+# Arrow's binary type addresses its bytes with int32 offsets.
+_MAX_BINARY_BYTES = 2**31 - 1
+
+
+# --- the executor side ---------------------------------------------------------------------
+
+
+def _to_ipc(batch: pa.RecordBatch) -> pa.Buffer:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema) as writer:
+        writer.write_batch(batch)
+    return sink.getvalue()
+
+
+def _first_row_only(blob: pa.Buffer, rows: int) -> pa.Array:
+    """A binary column of ``rows`` entries: ``blob`` in the first, nulls in the others.
+
+    A scalar Arrow UDF must return one value per input row; built from buffers, the nulls
+    cost a few bytes per row and no Python object.
+    """
+    if blob.size > _MAX_BINARY_BYTES:
+        raise ValueError(
+            f"one Arrow batch of {rows} rows takes {blob.size} bytes, more than Arrow's binary "
+            "limit of 2 GiB; lower spark.sql.execution.arrow.maxRecordsPerBatch"
+        )
+    validity = np.zeros((rows + 7) // 8, dtype=np.uint8)
+    validity[0] = 1
+    offsets = np.full(rows + 1, blob.size, dtype=np.int32)
+    offsets[0] = 0
+    return pa.Array.from_buffers(
+        pa.binary(),
+        rows,
+        [pa.py_buffer(validity), pa.py_buffer(offsets), blob],
+        null_count=rows - 1,
+    )
+
+
+def _encode_batches(columns: Iterator[pa.Array]) -> Iterator[pa.Array]:
+    """Arrow UDF body: each incoming batch (a struct of the selected columns) -> one IPC blob."""
+    for struct_array in columns:
+        rows = len(struct_array)
+        if rows == 0:
+            yield pa.array([], type=pa.binary())
+            continue
+        batch = pa.RecordBatch.from_struct_array(struct_array)
+        yield _first_row_only(_to_ipc(batch), rows)
+
+
+def _decode_batches(rows: Iterator[Any]) -> Iterator[pa.RecordBatch]:
+    """The blobs of one partition (Rows of one binary field) back into record batches."""
+    for row in rows:
+        reader = pa.ipc.open_stream(pa.py_buffer(row[0]))
+        yield from reader
+
+
+def _partition_id() -> int | None:
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    return context.partitionId() if context is not None else None
+
+
+class _PartitionConverter:
+    """One partition's record batches -> one ``(features, labels)`` block (a task's function).
+
+    A class rather than a closure so that what each task receives is plain data.
+    """
+
+    def __init__(self, feature_cols, label_col, feature_shape, dtype, label_dtype, empty_block):
+        self.feature_cols = feature_cols
+        self.label_col = label_col
+        self.feature_shape = feature_shape
+        self.dtype = dtype
+        self.label_dtype = label_dtype
+        self.empty_block = empty_block
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[tuple[Any, Any]]:
+        batches = list(batches)
+        if not batches or sum(batch.num_rows for batch in batches) == 0:
+            yield self.empty_block
+            return
+        table = pa.Table.from_batches(batches)
+        try:
+            yield table_to_arrays(
+                table,
+                self.feature_cols,
+                self.label_col,
+                self.feature_shape,
+                self.dtype,
+                self.label_dtype,
+            )
+        except (ValueError, TypeError, KeyError) as error:
+            # Rows in the message count from the start of this partition; say which one.
+            raise type(error)(f"partition {_partition_id()}: {error}") from error
+
+
+# --- the driver side -----------------------------------------------------------------------
+
+
+def _is_vector_type(data_type: Any) -> bool:
+    from pyspark.ml.linalg import VectorUDT
+    from pyspark.mllib.linalg import VectorUDT as OldVectorUDT
+
+    return isinstance(data_type, (VectorUDT, OldVectorUDT))
+
+
+def _column_names(feature_cols: ColumnSpec, label_col: str | None) -> list[str]:
+    names = [name for group in feature_column_groups(feature_cols) for name in group]
+    if label_col is not None:
+        names.append(label_col)
+    return list(dict.fromkeys(names))  # a column named twice is shipped once
+
+
+def _prepared_column(df: DataFrame, name: str, dtype: Any, is_feature: bool) -> Column:
+    """Column ``name`` as it should cross into Python: vectors as arrays, doubles narrowed."""
+    from pyspark.sql import types as T
+
+    if name not in df.columns:
+        raise KeyError(f"DataFrame has no column {name!r}; its columns are {df.columns}")
+    data_type = df.schema[name].dataType
+    float32 = dtype is not None and np.dtype(dtype) == np.float32
+    if _is_vector_type(data_type):
+        if not is_feature:
+            raise TypeError(f"label column {name!r} is a Vector; labels must be numbers")
+        from pyspark.ml.functions import vector_to_array
+
+        return vector_to_array(df[name], "float32" if float32 else "float64").alias(name)
+    if (
+        is_feature
+        and float32
+        and isinstance(data_type, T.ArrayType)
+        and isinstance(data_type.elementType, T.DoubleType)
+    ):
+        return df[name].cast(T.ArrayType(T.FloatType())).alias(name)
+    return df[name]
+
+
+def arrow_ready_columns(
+    df: DataFrame,
+    feature_cols: ColumnSpec,
+    label_col: str | None = None,
+    dtype: Any = np.float32,
+) -> list[Column]:
+    """The feature and label columns of ``df`` in the form Arrow conversion takes.
+
+    Vector columns become arrays (``vector_to_array``); with ``dtype=float32``,
+    ``array<double>`` feature columns are cast to ``array<float>`` in the JVM. Each column
+    keeps its name.
+
+    Raises
+    ------
+    KeyError
+        For a missing column (listing the columns there are).
+    """
+    feature_names = {name for group in feature_column_groups(feature_cols) for name in group}
+    return [
+        _prepared_column(df, name, dtype, is_feature=name in feature_names)
+        for name in _column_names(feature_cols, label_col)
+    ]
+
+
+def select_for_arrow(
+    df: DataFrame,
+    feature_cols: ColumnSpec,
+    label_col: str | None = None,
+    dtype: Any = np.float32,
+) -> DataFrame:
+    """``df`` reduced to its :func:`arrow_ready_columns`."""
+    return df.select(*arrow_ready_columns(df, feature_cols, label_col, dtype))
+
+
+def require_arrow_udf():
+    """``pyspark.sql.functions.arrow_udf``, or a clear error on PySpark 4.0 (which lacks it)."""
+    try:
+        from pyspark.sql.functions import arrow_udf
+    except ImportError as error:  # PySpark 4.0
+        import pyspark
+
+        raise RuntimeError(
+            "DataFrame -> Arrow conversion needs pyspark.sql.functions.arrow_udf (PySpark >= "
+            f"4.1); this is PySpark {pyspark.__version__}"
+        ) from error
+    return arrow_udf
+
+
+def arrow_batch_rdd(df: DataFrame) -> RDD:
+    """An RDD of ``pyarrow.RecordBatch`` holding all of ``df``'s columns, partition by partition.
+
+    Partition ``i`` of the RDD holds the rows of partition ``i`` of ``df`` in order, as the
+    batches Spark's Arrow writer cut them into (``spark.sql.execution.arrow.maxRecordsPerBatch``
+    rows at most). Select only the columns you need first (:func:`select_for_arrow`): every
+    column is converted.
+    """
+    from pyspark.sql import functions as F
+
+    encode = require_arrow_udf()(_encode_batches, "binary").asNondeterministic()
+    # Nondeterministic: the optimiser must not push the null filter below the UDF (which
+    # would evaluate the UDF twice, once for the filter and once for the value).
+    blob = encode(F.struct(*[df[name] for name in df.columns])).alias(BATCH_COLUMN)
+    blobs = df.select(blob).where(F.col(BATCH_COLUMN).isNotNull())
+    return blobs.rdd.mapPartitions(_decode_batches, preservesPartitioning=True)
+
+
+def _empty_block(
+    empty: pa.Table,
+    feature_cols: ColumnSpec,
+    label_col: str | None,
+    feature_shape: ShapeSpec,
+    dtype: Any,
+    label_dtype: Any,
+) -> tuple[Any, Any]:
+    """Zero-row arrays with the DataFrame's dtypes and (where known) per-row shapes.
+
+    Made once on the driver from an empty table with the selection's Arrow schema, for
+    partitions with no row. An ``array`` column's width is not in its schema: without
+    ``feature_shape`` its empty block has width 0.
+    """
+    features, labels = table_to_arrays(empty, feature_cols, label_col, None, dtype, label_dtype)
+    if feature_shape is not None:
+        groups = feature_column_groups(feature_cols)
+        arrays = features if isinstance(features, tuple) else (features,)
+        shapes = [feature_shape] if len(groups) == 1 else list(feature_shape)
+        arrays = tuple(
+            array if shape is None else array.reshape((0, *shape))
+            for array, shape in zip(arrays, shapes, strict=True)
+        )
+        features = arrays if isinstance(features, tuple) else arrays[0]
+    return features, labels
+
+
+def dataframe_to_partition_arrays(
+    df: DataFrame,
+    feature_cols: ColumnSpec = "features",
+    label_col: str | None = "label",
+    feature_shape: ShapeSpec = None,
+    dtype: Any = np.float32,
+    label_dtype: Any = None,
+) -> RDD:
+    """An RDD with one ``(features, labels)`` block of NumPy arrays per partition of ``df``.
+
+    Parameters
+    ----------
+    df : pyspark.sql.DataFrame
+    feature_cols : str, list of str, or list of list of str
+        One column (array or Vector; its per-row shape is kept), several scalar or array
+        columns (concatenated per row), or one list per model input (features is then a
+        tuple of arrays). See :func:`bigdl_py.data.table_to_arrays`.
+    label_col : str or None
+        The label column; ``None`` for unlabelled data (labels are then ``None``).
+    feature_shape : tuple of int, or one per input, optional
+        Per-row shape, e.g. ``(1, 28, 28)`` for a flat ``array<float>`` image column.
+    dtype : dtype or None
+        Feature dtype (default float32; ``None`` keeps the columns' own).
+    label_dtype : dtype, optional
+        Label dtype (default: the column's own; int64 for Spark ``long``).
+
+    Returns
+    -------
+    pyspark.RDD
+        ``df.rdd.getNumPartitions()`` partitions; partition ``i`` holds exactly one element,
+        the arrays of ``df``'s partition ``i`` in row order (zero rows for an empty
+        partition). Arrays converted without a copy are read-only views of the Arrow data.
+        Cache the RDD (or the arrays in a worker cache) when it is read repeatedly.
+
+    Raises
+    ------
+    KeyError
+        On the driver, for a missing column.
+    ValueError, TypeError
+        When the RDD is computed: a null value, a ragged array column, or a non-numeric
+        column — naming the partition, the column and the row within the partition.
+    """
+    selected = select_for_arrow(df, feature_cols, label_col, dtype)
+    converter = _PartitionConverter(
+        feature_cols,
+        label_col,
+        feature_shape,
+        dtype,
+        label_dtype,
+        _empty_block(
+            selected.limit(0).toArrow(), feature_cols, label_col, feature_shape, dtype, label_dtype
+        ),
+    )
+    return arrow_batch_rdd(selected).mapPartitions(converter, preservesPartitioning=True)
+
+
+def dataframe_to_arrays(
+    df: DataFrame,
+    feature_cols: ColumnSpec = "features",
+    label_col: str | None = "label",
+    feature_shape: ShapeSpec = None,
+    dtype: Any = np.float32,
+    label_dtype: Any = None,
+) -> tuple[Any, Any]:
+    """All of ``df`` as ``(features, labels)`` arrays on the driver, in row order.
+
+    Collects through ``DataFrame.toArrow()`` (Arrow end to end, no Row objects); the whole
+    selection must fit in the driver's memory. Parameters as
+    :func:`dataframe_to_partition_arrays`.
+    """
+    table = select_for_arrow(df, feature_cols, label_col, dtype).toArrow()
+    if table.num_rows == 0:
+        return _empty_block(table, feature_cols, label_col, feature_shape, dtype, label_dtype)
+    return table_to_arrays(table, feature_cols, label_col, feature_shape, dtype, label_dtype)
+
+
+def array_to_list_column(array: np.ndarray) -> pa.Array:
+    """(rows,) -> a scalar column; (rows, ...) -> ``list<...>`` of each row's values, flat."""
+    array = np.ascontiguousarray(array)
+    if array.ndim == 1:
+        return pa.array(array)
+    rows = array.shape[0]
+    width = int(np.prod(array.shape[1:], dtype=np.int64))
+    offsets = pa.array(np.arange(rows + 1, dtype=np.int64) * width)
+    if rows * width < 2**31:
+        offsets = offsets.cast(pa.int32())
+        return pa.ListArray.from_arrays(offsets, pa.array(array.reshape(-1)))
+    return pa.LargeListArray.from_arrays(offsets, pa.array(array.reshape(-1)))
+
+
+def arrays_to_dataframe(
+    spark: SparkSession,
+    features: Any,
+    labels: Any = None,
+    feature_cols: str | Sequence[str] = "features",
+    label_col: str = "label",
+    num_partitions: int | None = None,
+) -> DataFrame:
+    """A DataFrame from NumPy arrays (for tests, notebooks and small data), through Arrow.
+
+    Each feature array becomes one ``array<...>`` column holding each row's values flattened
+    (read it back with ``feature_shape=array.shape[1:]``); a 1-D array becomes a scalar
+    column. Labels become a scalar (or array) column.
+
+    Parameters
+    ----------
+    spark : SparkSession
+    features : array or sequence of arrays
+        One array ``(rows, ...)``, or one per input (named by ``feature_cols``).
+    labels : array, optional
+    feature_cols : str or list of str
+        Column names of the feature arrays.
+    label_col : str
+    num_partitions : int, optional
+        Cut the rows into this many partitions, contiguous and in order (through a range
+        repartition on the row number, then a sort within each partition). By default the
+        DataFrame has Spark's default parallelism, also contiguous and in order.
+
+    Returns
+    -------
+    pyspark.sql.DataFrame
+    """
+    arrays = list(features) if isinstance(features, (tuple, list)) else [features]
+    names = [feature_cols] if isinstance(feature_cols, str) else list(feature_cols)
+    if len(names) != len(arrays):
+        raise ValueError(f"{len(arrays)} feature arrays but {len(names)} column names {names}")
+    columns = {
+        name: array_to_list_column(np.asarray(array))
+        for name, array in zip(names, arrays, strict=True)
+    }
+    if labels is not None:
+        if label_col in columns:
+            raise ValueError(f"label column {label_col!r} clashes with a feature column")
+        columns[label_col] = array_to_list_column(np.asarray(labels))
+    rows = {name: len(column) for name, column in columns.items()}
+    if len(set(rows.values())) > 1:
+        raise ValueError(f"arrays_to_dataframe: columns differ in row count {rows}")
+    if num_partitions is None:
+        return spark.createDataFrame(pa.table(columns))
+    if num_partitions < 1:
+        raise ValueError(f"num_partitions must be >= 1, got {num_partitions}")
+    row_number = "__bigdl_py_row_number"
+    count = next(iter(rows.values()))
+    columns[row_number] = pa.array(np.arange(count, dtype=np.int64))
+    df = spark.createDataFrame(pa.table(columns))
+    return (
+        df.repartitionByRange(num_partitions, row_number)
+        .sortWithinPartitions(row_number)
+        .drop(row_number)
+    )

@@ -1,0 +1,257 @@
+"""The driver side of Spark: one SparkSession with our recommended settings, its task slots,
+and the job descriptions the Spark UI shows.
+
+The recommended settings live in :data:`RECOMMENDED_CONF`; ``conf/spark-defaults.conf`` ships
+the same values for ``spark-submit --properties-file`` (a test keeps the two equal). Why each
+setting is there is measured by ``bench/spark_floor.py`` and written up in
+``bench/RESULTS_spark.md``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import warnings
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # pyspark is imported lazily so that `import bigdl_py.spark` stays cheap
+    from pyspark import SparkContext
+    from pyspark.sql import SparkSession
+
+DEFAULT_APP_NAME = "bigdl_py"
+DEFAULT_MASTER = "local[*]"
+
+# Keep in step with conf/spark-defaults.conf (tests/spark/test_session.py checks it).
+RECOMMENDED_CONF: dict[str, str] = {
+    # Python workers talk to the JVM over a Unix domain socket instead of loopback TCP. On
+    # loopback TCP the last small write of each task waits for a delayed ACK (~40 ms of the
+    # PythonRunner's "finish" time); on a Unix socket that wait is gone.
+    "spark.python.unix.domain.socket.enabled": "true",
+    # Reused workers keep their imports and our worker-resident caches between tasks (this is
+    # Spark's default; it is written down because everything here depends on it).
+    "spark.python.worker.reuse": "true",
+    # Gradient and weight slices are random-looking floats: lz4 does not shrink them and costs
+    # CPU on both ends of every shuffle.
+    "spark.shuffle.compress": "false",
+    "spark.shuffle.spill.compress": "false",
+    # A fresh Python worker must not start one BLAS thread per core: tasks set their own
+    # count with configure_worker_threads(), and one thread per task is the safe start.
+    "spark.executorEnv.OMP_NUM_THREADS": "1",
+    "spark.executorEnv.OPENBLAS_NUM_THREADS": "1",
+    "spark.executorEnv.MKL_NUM_THREADS": "1",
+}
+
+_PROPERTY_LINE = re.compile(r"^\s*([^\s=:]+)\s*[=:\s]\s*(.*?)\s*$")
+_LOCAL_MASTER = re.compile(r"^local(?:\[(\*|\d+)(?:\s*,\s*\d+)?\])?$")
+_LOCAL_CLUSTER_MASTER = re.compile(r"^local-cluster\[\s*(\d+)\s*,\s*(\d+)\s*,\s*(\d+)\s*\]$")
+
+
+def parse_spark_defaults(text: str) -> dict[str, str]:
+    """Parse the text of a ``spark-defaults.conf`` file into a dict.
+
+    Lines are ``key value`` (whitespace, ``=`` or ``:`` between them); blank lines and lines
+    starting with ``#`` or ``!`` are comments, as in Java properties files.
+
+    Raises
+    ------
+    ValueError
+        If a non-comment line has no value.
+    """
+    settings = {}
+    for number, line in enumerate(text.splitlines(), start=1):
+        stripped = line.strip()
+        if not stripped or stripped[0] in "#!":
+            continue
+        match = _PROPERTY_LINE.match(stripped)
+        if match is None or not match.group(2):
+            raise ValueError(f"spark-defaults line {number} has no value: {line!r}")
+        settings[match.group(1)] = match.group(2)
+    return settings
+
+
+def _user_defaults_file() -> dict[str, str]:
+    """Settings from the spark-defaults.conf that spark-submit itself would read, if any."""
+    conf_dir = os.environ.get("SPARK_CONF_DIR")
+    if conf_dir is None and os.environ.get("SPARK_HOME"):
+        conf_dir = os.path.join(os.environ["SPARK_HOME"], "conf")
+    path = os.path.join(conf_dir, "spark-defaults.conf") if conf_dir else None
+    if path is None or not os.path.isfile(path):
+        return {}
+    with open(path, encoding="utf-8") as handle:
+        return parse_spark_defaults(handle.read())
+
+
+def _launcher_settings() -> dict[str, str]:
+    """Settings the user already chose outside Python, which our defaults must not override.
+
+    Under ``spark-submit`` (or the ``pyspark`` shell) the driver JVM is running before Python
+    starts and holds the ``--conf`` values; PySpark's builder would override them silently,
+    so we read them first. SparkContext has no public way to attach to that JVM without
+    creating a context, hence the one private call, guarded.
+    """
+    settings = _user_defaults_file()
+    if "PYSPARK_GATEWAY_PORT" not in os.environ:
+        return settings
+    from pyspark import SparkConf, SparkContext
+
+    try:
+        SparkContext._ensure_initialized()  # attaches to the running JVM; launches nothing
+    except Exception:  # a PySpark without this hook: fall back to the file's settings
+        return settings
+    settings.update(dict(SparkConf().getAll()))
+    return settings
+
+
+def get_spark(
+    master: str | None = None,
+    app_name: str = DEFAULT_APP_NAME,
+    conf: Mapping[str, str] | None = None,
+    *,
+    recommended: bool = True,
+) -> SparkSession:
+    """Return the active SparkSession, or start one with bigdl_py's recommended settings.
+
+    Parameters
+    ----------
+    master : str, optional
+        Spark master URL. Defaults to the one given to ``spark-submit`` or, in a plain Python
+        process, ``"local[*]"``. For an active session it must match the session's master.
+    app_name : str
+        Application name shown in the Spark UI (ignored for an active session).
+    conf : mapping of str to str, optional
+        Extra settings; they win over :data:`RECOMMENDED_CONF`.
+    recommended : bool
+        Apply :data:`RECOMMENDED_CONF` to the settings neither ``conf`` nor the launcher
+        (``spark-submit --conf``, ``$SPARK_CONF_DIR/spark-defaults.conf``) chose.
+
+    Returns
+    -------
+    pyspark.sql.SparkSession
+
+    Raises
+    ------
+    ValueError
+        If a session is active with a different master than ``master``.
+
+    Notes
+    -----
+    Most settings are read when the SparkContext starts. When a session is already active it
+    is returned as is, with a warning naming the requested settings it does not have.
+    """
+    from pyspark.sql import SparkSession
+
+    requested = {key: str(value) for key, value in (conf or {}).items()}
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        active_conf = active.sparkContext.getConf()
+        if master is not None and master != active_conf.get("spark.master"):
+            raise ValueError(
+                f"get_spark: a SparkSession with master {active_conf.get('spark.master')!r} "
+                f"is active; cannot switch to master {master!r} (stop it first)"
+            )
+        differing = sorted(key for key, value in requested.items() if active_conf.get(key) != value)
+        if differing:
+            warnings.warn(
+                f"get_spark: returning the active SparkSession, which does not have the "
+                f"requested settings {differing}; they apply only to a new session",
+                stacklevel=2,
+            )
+        return active
+
+    launcher = _launcher_settings()
+    settings = {}
+    if recommended:
+        settings.update(
+            {key: value for key, value in RECOMMENDED_CONF.items() if key not in launcher}
+        )
+    settings.update(requested)
+    builder = SparkSession.builder.appName(app_name)
+    if master is not None:
+        builder = builder.master(master)
+    elif "spark.master" not in launcher and "spark.master" not in settings:
+        builder = builder.master(DEFAULT_MASTER)
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()
+
+
+def task_slots(sc: SparkContext) -> int:
+    """How many tasks the cluster runs at once: the default number of partitions to use.
+
+    ``local[n]`` gives ``n // spark.task.cpus``; ``local-cluster[e, c, m]`` gives
+    ``e * (c // spark.task.cpus)``; other masters use ``spark.executor.instances`` and
+    ``spark.executor.cores`` when both are set, and otherwise ``sc.defaultParallelism``, which
+    is the total number of executor cores once the executors have registered (with dynamic
+    allocation it is only what is running now).
+
+    Parameters
+    ----------
+    sc : pyspark.SparkContext
+
+    Returns
+    -------
+    int
+        At least 1.
+    """
+    conf = sc.getConf()
+    cpus_per_task = max(1, int(conf.get("spark.task.cpus", "1")))
+    master = sc.master
+    local = _LOCAL_MASTER.match(master)
+    if local is not None:
+        cores_text = local.group(1) or "1"
+        if cores_text == "*":
+            explicit = conf.get("spark.default.parallelism")
+            cores = (os.cpu_count() or 1) if explicit else sc.defaultParallelism
+        else:
+            cores = int(cores_text)
+        return max(1, cores // cpus_per_task)
+    cluster = _LOCAL_CLUSTER_MASTER.match(master)
+    if cluster is not None:
+        executors, cores = int(cluster.group(1)), int(cluster.group(2))
+        return max(1, executors * (cores // cpus_per_task))
+    instances, cores = conf.get("spark.executor.instances"), conf.get("spark.executor.cores")
+    if instances and cores:
+        return max(1, int(instances) * (int(cores) // cpus_per_task))
+    return max(1, sc.defaultParallelism // cpus_per_task)
+
+
+def set_job_description(sc: SparkContext, description: str | None) -> None:
+    """Label the jobs this thread starts from now on in the Spark UI (``None`` clears it)."""
+    sc.setLocalProperty("spark.job.description", description)  # type: ignore[arg-type]
+
+
+@contextlib.contextmanager
+def job_description(sc: SparkContext, description: str) -> Iterator[None]:
+    """Label the jobs started inside the ``with`` block, then restore the previous label.
+
+    Examples
+    --------
+    >>> with job_description(sc, "iteration 42: forward-backward + update"):  # doctest: +SKIP
+    ...     rdd.count()
+    """
+    previous = sc.getLocalProperty("spark.job.description")
+    set_job_description(sc, description)
+    try:
+        yield
+    finally:
+        set_job_description(sc, previous)
+
+
+@contextlib.contextmanager
+def job_group(
+    sc: SparkContext, group_id: str, description: str, interrupt_on_cancel: bool = False
+) -> Iterator[None]:
+    """Put the jobs started inside the block in one group (``sc.cancelJobGroup`` stops them).
+
+    The previous group and description of this thread are restored on exit.
+    """
+    keys = ("spark.jobGroup.id", "spark.job.description", "spark.job.interruptOnCancel")
+    previous = {key: sc.getLocalProperty(key) for key in keys}
+    sc.setJobGroup(group_id, description, interrupt_on_cancel)
+    try:
+        yield
+    finally:
+        for key, value in previous.items():
+            sc.setLocalProperty(key, value)  # type: ignore[arg-type]

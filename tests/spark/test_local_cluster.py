@@ -1,0 +1,52 @@
+"""Collectives across real executor JVMs: ``local-cluster[2,1,1024]`` in a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "local_cluster_job.py")
+REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(JOB)))
+
+# Starting a standalone master, two workers and two executor JVMs takes 20-70 s on 2 cores.
+TIMEOUT_SECONDS = 400
+
+
+@pytest.mark.slow
+@pytest.mark.spark
+def test_collectives_run_on_separate_executor_jvms():
+    pytest.importorskip("pyspark")
+    # Nothing Spark-specific in the environment: the pip-installed pyspark must be enough.
+    environment = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith(("SPARK_", "PYSPARK_"))
+    }
+    # Only so that executors' Python workers import this checkout of bigdl_py.
+    environment["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [REPOSITORY, os.environ.get("PYTHONPATH")])
+    )
+    completed = subprocess.run(
+        [sys.executable, JOB],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_SECONDS,
+        env=environment,
+        cwd=REPOSITORY,
+    )
+    lines = [line for line in completed.stdout.splitlines() if line.startswith("RESULT ")]
+    assert completed.returncode == 0 and lines, completed.stderr[-3000:]
+    report = json.loads(lines[-1][len("RESULT ") :])
+
+    assert report["master"] == "local-cluster[2,1,1024]"
+    assert report["task_slots"] == 2
+    assert report["recommended_applied"]
+    assert len(report["executor_jvms"]) == 2, report["executor_jvms"]
+    assert report["all_executor_backends"]
+    for name, error in report["max_abs_errors"].items():
+        assert error <= 1e-5, name
+    assert report["barrier_messages"] == [["0", "1"], ["0", "1"]]
