@@ -25,6 +25,7 @@ def spark():
         .config("spark.python.worker.reuse", "true")
         .config("spark.python.unix.domain.socket.enabled", "true")
         .config("spark.driver.memory", "2g")
+        .config("spark.ui.showConsoleProgress", "false")
     )
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")

@@ -41,6 +41,9 @@ RECOMMENDED_CONF: dict[str, str] = {
     "spark.executorEnv.OMP_NUM_THREADS": "1",
     "spark.executorEnv.OPENBLAS_NUM_THREADS": "1",
     "spark.executorEnv.MKL_NUM_THREADS": "1",
+    # Training runs a job per iteration: Spark's console stage bar would redraw over our own
+    # progress bar hundreds of times per epoch.
+    "spark.ui.showConsoleProgress": "false",
 }
 
 _PROPERTY_LINE = re.compile(r"^\s*([^\s=:]+)\s*[=:\s]\s*(.*?)\s*$")

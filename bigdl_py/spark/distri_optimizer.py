@@ -1,0 +1,470 @@
+"""``DistriOptimizer``: synchronous data-parallel training on Spark, BigDL's way.
+
+It is the training loop of :class:`~bigdl_py.train.loop.BaseOptimizer` — the same triggers,
+validation, checkpoints, summaries, clipping and progress as ``LocalOptimizer`` — with a
+runner that does each iteration on the executors (``distri_optimizer_run.py``): N model
+replicas next to N data partitions, the gradient AllReduce through Spark's shuffle, and the
+optimizer state sharded N ways, each owner updating its slice of the weights.
+
+The mathematics is single-process SGD on the global batch: iteration ``t``'s global batch is
+partition ``j``'s share ``b_j`` (``batch_size`` split N ways, shares differing by at most one)
+drawn from partition ``j``'s own per-epoch permutation (:class:`PartitionedBatchPlan`); the
+gradient is that of the batch's mean loss, each share weighted by its real sample count. A
+``LocalOptimizer`` over :meth:`DistriOptimizer.local_reference_dataset` sees the same
+batches, and the tests hold the two to float tolerance.
+"""
+
+from __future__ import annotations
+
+import copy
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from bigdl_py.data import ArrayDataset, MiniBatch
+from bigdl_py.data.sample import split_bounds
+from bigdl_py.nn.module import Module
+from bigdl_py.optim import ConstantClipping, L2NormClipping, OptimMethod
+from bigdl_py.optim.flat_parameters import FlatParameters
+from bigdl_py.optim.sharding import all_slice_bounds, concatenate_state_dicts, split_state_dict
+from bigdl_py.spark import distri_optimizer_tasks as tasks
+from bigdl_py.spark.batch_plan import PartitionedBatchPlan, PlannedDataset
+from bigdl_py.spark.distri_optimizer_run import (
+    DistributedTrainingError,
+    PartitionedData,
+    SparkTrainingRun,
+)
+from bigdl_py.train import batches as batch_io
+from bigdl_py.train.loop import BaseOptimizer
+from bigdl_py.train.metrics import ValidationMethod, ValidationResult
+from bigdl_py.train.progress import Progress
+from bigdl_py.train.runner import IterationResult, IterationRunner, TrainingSetup
+from bigdl_py.train.triggers import Trigger
+
+__all__ = ["DistriOptimizer", "DistributedTrainingError", "SparkTrainingSet", "SparkValidationSet"]
+
+_SCHEDULE_KEYS = ("iteration", "epoch", "step")
+
+
+def _is_rdd(data: Any) -> bool:
+    return any(
+        cls.__module__.startswith("pyspark") and cls.__name__ == "RDD" for cls in type(data).__mro__
+    )
+
+
+def _is_dataframe(data: Any) -> bool:
+    return any(
+        cls.__module__.startswith("pyspark.sql") and cls.__name__ == "DataFrame"
+        for cls in type(data).__mro__
+    )
+
+
+class SparkTrainingSet:
+    """The training data as the loop sees it: ``len()`` and every epoch's global batches.
+
+    Wraps :class:`PartitionedData` (the partitions cached on the executors) and the
+    :class:`PartitionedBatchPlan` over their sizes.
+    """
+
+    def __init__(self, data: PartitionedData, batch_size: int, seed: int, shuffle: bool = True):
+        self.data = data
+        self.batch_size = int(batch_size)
+        self.seed = int(seed)
+        self.shuffle = bool(shuffle)
+        self.num_partitions = data.num_partitions
+        self.plan = PartitionedBatchPlan(data.sizes, batch_size, seed=seed, shuffle=shuffle)
+
+    def __len__(self) -> int:
+        return self.plan.total
+
+    def global_batch_indices(self, epoch: int, batch_size: int | None = None) -> list[np.ndarray]:
+        """One entry per iteration of ``epoch``: the global sample indices of its batch."""
+        first = epoch * self.plan.iterations_per_epoch
+        return [
+            self.plan.global_indices(iteration)
+            for iteration in range(first, first + self.plan.iterations_per_epoch)
+        ]
+
+
+class SparkValidationSet:
+    """An RDD or DataFrame to validate on, evaluated on the executors."""
+
+    def __init__(self, data: Any, reading: dict):
+        self.data = data
+        self.reading = reading  # feature_cols, label_col, feature_shape (DataFrames)
+        self._size: int | None = None
+
+    def __len__(self) -> int:
+        if self._size is None:
+            self._size = int(self.data.count())
+        return self._size
+
+
+class SparkRunner(IterationRunner):
+    """Runs each iteration on Spark; the driver keeps the weights between iterations."""
+
+    def __init__(self, options: dict):
+        self.options = options
+        self.run: SparkTrainingRun | None = None
+        self._pending_metric: float | None = None
+        self._resume_states: dict | None = None
+
+    def prepare(self, setup: TrainingSetup) -> None:
+        super().prepare(setup)
+        training_set: SparkTrainingSet = setup.training_set
+        setup.model.train()
+        self.flat = FlatParameters(setup.model)
+        self.plan = training_set.plan
+        constant = next((c for c in setup.clippings if isinstance(c, ConstantClipping)), None)
+        l2 = next((c for c in setup.clippings if isinstance(c, L2NormClipping)), None)
+        self.spec = tasks.RunSpec(
+            run_id="run-" + uuid.uuid4().hex[:12],
+            model=setup.model,
+            criterion=setup.criterion,
+            optim_method=copy.deepcopy(setup.optim_method),
+            num_partitions=training_set.num_partitions,
+            flat_size=int(self.flat.size),
+            batch_size=setup.batch_size,
+            state_dir=training_set.data.state_dir,
+            seed=training_set.seed,
+            wire_dtype=self.options["wire_dtype"],
+            constant_clipping=constant,
+            l2_clipping=l2,
+            gradient_accumulation=self.options["gradient_accumulation"],
+            device=self.options["device"],
+        )
+        self._resume_states = None
+        self._pending_metric = None
+
+    def _ensure_run(self, iteration: int) -> SparkTrainingRun:
+        if self.run is None:
+            initial = None
+            if self._resume_states is not None:
+                initial = {"iteration": iteration, "shards": self._resume_states}
+            self.run = SparkTrainingRun(
+                self.setup.training_set.data,
+                self.spec,
+                np.asarray(self.flat.weights, dtype=np.float32),
+                initial,
+            )
+        return self.run
+
+    def run_iteration(
+        self, epoch: int, iteration: int, batch_index: int, indices: np.ndarray
+    ) -> IterationResult:
+        run = self._ensure_run(iteration)
+        plan_iteration = epoch * self.plan.iterations_per_epoch + batch_index
+        local_indices = [
+            self.plan.local_indices(partition, plan_iteration)
+            for partition in range(self.plan.num_partitions)
+        ]
+        schedule = {"iteration": iteration, "epoch": epoch}
+        if self._pending_metric is not None:
+            schedule["metric"] = self._pending_metric
+        result = run.run_iteration(
+            iteration, local_indices, schedule, f"bigdl_py iteration {iteration + 1}"
+        )
+        self._pending_metric = None
+        # The driver's copy of the optim method only keeps the schedule (learning rate for
+        # summaries and progress); the shards hold the per-element state.
+        self.setup.optim_method.on_iteration_end(iteration + 1)
+        return IterationResult(float(result["loss"]), int(result["count"]), bool(result["finite"]))
+
+    def end_epoch(self, epoch: int, validation_score: float | None = None) -> None:
+        super().end_epoch(epoch, validation_score)
+        self._pending_metric = validation_score
+
+    # --- weights on the driver ---------------------------------------------------------
+    def sync_model(self) -> None:
+        if self.run is not None:
+            self.flat.load(self.run.weights)
+            if self.run.buffers:
+                buffers = dict(self.setup.model.state_dict())
+                buffers.update(self.run.buffers)
+                self.setup.model.load_state_dict(buffers)
+
+    def model_state_dict(self) -> dict[str, np.ndarray]:
+        self.sync_model()
+        return super().model_state_dict()
+
+    def load_model_state_dict(self, state: dict[str, np.ndarray]) -> None:
+        super().load_model_state_dict(state)
+        if self.run is not None:
+            self.run.weights = np.asarray(self.flat.weights, dtype=np.float32).copy()
+
+    # --- optimizer state: one dict per shard --------------------------------------------
+    def optim_state_dict(self) -> list[dict[str, Any]]:
+        if self.run is None:  # nothing trained yet: fresh shards
+            return self._fresh_shard_states()
+        completed = self.setup.optim_method.state_dict()
+        shards = self.run.gather_optim_states(int(completed["iteration"]))
+        # The driver's schedule is the reference (shards step theirs to match it).
+        for shard in shards:
+            shard.update({k: v for k, v in completed.items() if _is_schedule_key(k)})
+        return shards
+
+    def _fresh_shard_states(self) -> list[dict[str, Any]]:
+        driver = self.setup.optim_method.state_dict()
+        return [
+            {k: v for k, v in driver.items() if _is_schedule_key(k) or k == "step"}
+            for _ in range(self.spec.num_partitions)
+        ]
+
+    def load_optim_state_dict(self, state: dict[str, Any] | list[dict[str, Any]]) -> None:
+        shards = state if isinstance(state, list) else [state]
+        count = self.spec.num_partitions
+        if len(shards) != count:  # another partition count: re-shard the whole state
+            whole = concatenate_state_dicts(shards) if len(shards) > 1 else dict(shards[0])
+            has_arrays = any(isinstance(v, np.ndarray) and v.ndim == 1 for v in whole.values())
+            if has_arrays:
+                shards = split_state_dict(whole, all_slice_bounds(self.flat.size, count))
+            else:
+                shards = [dict(whole) for _ in range(count)]
+        self._resume_states = shards
+        driver = {k: v for k, v in shards[0].items() if _is_schedule_key(k) or k == "step"}
+        self.setup.optim_method.load_state_dict(driver)
+        if self.run is not None:  # a resume after training in this process: start a new run
+            self.run.close()
+            self.run = None
+
+    def rng_state(self) -> dict[str, Any]:
+        return {}  # replicas reseed from (seed, partition, iteration): nothing to save
+
+    def load_rng_state(self, state: dict[str, Any]) -> None:
+        pass
+
+    # --- validation -------------------------------------------------------------------
+    def evaluate(
+        self, dataset: Any, methods: Sequence[ValidationMethod], batch_size: int
+    ) -> list[ValidationResult]:
+        self.sync_model()
+        if isinstance(dataset, SparkValidationSet):
+            from bigdl_py.spark.inference import evaluate
+
+            return evaluate(
+                self.setup.model,
+                dataset.data,
+                list(methods),
+                batch_size=batch_size,
+                device=self.options["device"],
+                **dataset.reading,
+            )
+        return batch_io.evaluate_batches(
+            self.setup.model, batch_io.validation_batches(dataset, batch_size), methods
+        )
+
+    @property
+    def last_timings(self) -> dict[str, float]:
+        """Seconds of the last iteration: whole job, slowest forward-backward, slowest update."""
+        return dict(self.run.last_timings) if self.run is not None else {}
+
+    def close(self) -> None:
+        if self.run is not None:
+            self.sync_model()
+            self.run.close()
+            self.run = None
+
+
+def _is_schedule_key(key: str) -> bool:
+    return key in ("iteration", "epoch") or key.startswith("schedule.")
+
+
+class DistriOptimizer(BaseOptimizer):
+    """Train ``model`` on the active SparkSession's executors (synchronous data parallel).
+
+    Parameters
+    ----------
+    model : Module
+    training_set
+        An RDD of :class:`~bigdl_py.data.Sample`, ``(features, label)`` pairs or
+        :class:`~bigdl_py.data.MiniBatch`; a Spark DataFrame (``feature_cols``,
+        ``label_col``, ``feature_shape`` say how to read it, through Arrow); or in-memory
+        ``(features, labels)`` arrays / an ``ArrayDataset``, cut into ``num_partitions``
+        contiguous blocks.
+    criterion, optim_method, batch_size, end_trigger
+        As for ``LocalOptimizer``; ``batch_size`` is the *global* batch of one update.
+    num_partitions : int, optional
+        Data partitions = model replicas = optimizer shards (default: the cluster's task
+        slots, ``bigdl_py.spark.task_slots``).
+    feature_cols, label_col, feature_shape
+        For a DataFrame (see ``bigdl_py.spark.dataframe.dataframe_to_partition_arrays``).
+    wire_dtype : None, "float16" or "bfloat16"
+        Gradient slices travel through the shuffle in this precision (summed in float32).
+    gradient_accumulation : int
+        Each update runs ``batch_size`` in this many micro-batches per partition whose
+        gradients add up: the same update as one batch of ``batch_size``, with the memory of
+        a ``batch_size / gradient_accumulation`` batch.
+    seed : int
+        Fixes every partition's per-epoch permutation and the replicas' dropout streams.
+    shuffle : bool
+        Shuffle each partition per epoch (default) or read it in order.
+    device : {"cpu", "gpu", "auto"}
+        Where the replicas run: ``"gpu"`` binds each task to the GPU Spark assigned it
+        (``TaskContext.resources()["gpu"]``, see ``conf/spark-gpu.conf``) and fails clearly
+        without one; ``"auto"`` uses it when there is one. Updates run on the owners' CPUs.
+    skip_nonfinite_batches, progress
+        As for ``LocalOptimizer``.
+    spark : SparkSession, optional
+        Default: ``bigdl_py.spark.get_spark()`` (the active session, or a new local one).
+
+    Examples
+    --------
+    >>> rdd = sc.parallelize(samples)                       # Samples, on the cluster
+    >>> optimizer = DistriOptimizer(model, rdd, nn.NLLLoss(), SGD(lr=0.05, momentum=0.9),
+    ...                             batch_size=128, end_trigger=MaxEpoch(3))
+    >>> optimizer.set_validation(EveryEpoch(), test_set, [Top1Accuracy()])
+    >>> trained = optimizer.optimize()
+    """
+
+    def __init__(
+        self,
+        model: Module,
+        training_set: Any,
+        criterion: Any,
+        optim_method: OptimMethod,
+        batch_size: int | None = None,
+        end_trigger: Trigger | None = None,
+        *,
+        num_partitions: int | None = None,
+        feature_cols: Any = "features",
+        label_col: str = "label",
+        feature_shape: Any = None,
+        wire_dtype: str | None = None,
+        gradient_accumulation: int = 1,
+        seed: int = 0,
+        shuffle: bool = True,
+        device: str = "cpu",
+        skip_nonfinite_batches: bool = False,
+        progress: bool | Progress = True,
+        spark: Any = None,
+    ):
+        from bigdl_py.spark import wire
+        from bigdl_py.spark.session import get_spark, task_slots
+
+        if batch_size is None:
+            batch_size = getattr(training_set, "batch_size", None)
+        if isinstance(gradient_accumulation, bool) or int(gradient_accumulation) < 1:
+            raise ValueError(
+                f"gradient_accumulation must be a positive integer, got {gradient_accumulation!r}"
+            )
+        wire_dtype = wire.check_wire_dtype(wire_dtype)
+        from bigdl_py.spark.gpu import check_device_request
+
+        device = check_device_request(device)
+        spark = spark or get_spark()
+        sc = spark.sparkContext
+        if num_partitions is None:
+            num_partitions = task_slots(sc)
+        if isinstance(num_partitions, bool) or int(num_partitions) < 1:
+            raise ValueError(f"num_partitions must be a positive integer, got {num_partitions!r}")
+        num_partitions = int(num_partitions)
+        self._sc = sc
+        self._dataframe_reading = {
+            "feature_cols": feature_cols,
+            "label_col": label_col,
+            "feature_shape": feature_shape,
+        }
+        rdd = self._as_rdd(training_set, sc, num_partitions, feature_cols, label_col, feature_shape)
+        super().__init__(
+            model,
+            None,
+            criterion,
+            optim_method,
+            end_trigger,
+            batch_size,
+            SparkRunner(
+                {
+                    "wire_dtype": wire_dtype,
+                    "gradient_accumulation": int(gradient_accumulation),
+                    "device": device,
+                }
+            ),
+            skip_nonfinite_batches=skip_nonfinite_batches,
+            progress=progress,
+        )
+        self.data = PartitionedData(sc, rdd, num_partitions)
+        try:
+            self.training_set = SparkTrainingSet(self.data, self.batch_size, seed, shuffle)
+        except ValueError:
+            self.data.close()
+            raise
+        self.num_partitions = num_partitions
+
+    @staticmethod
+    def _as_rdd(data, sc, num_partitions, feature_cols, label_col, feature_shape):
+        if _is_rdd(data):
+            return data
+        if _is_dataframe(data):
+            from bigdl_py.spark.dataframe import dataframe_to_partition_arrays
+
+            if data.rdd.getNumPartitions() != num_partitions:
+                # Rows, not whole partition blocks, must be spread over the partitions.
+                data = data.repartition(num_partitions)
+
+            blocks = dataframe_to_partition_arrays(data, feature_cols, label_col, feature_shape)
+            return blocks.map(lambda block: MiniBatch(block[0], block[1]))
+        if isinstance(data, tuple) and len(data) == 2:
+            data = ArrayDataset(data[0], data[1])
+        if isinstance(data, ArrayDataset):
+            features, labels = data.features, data.labels
+            size = len(data)
+            if size < num_partitions:
+                raise ValueError(
+                    f"the training data has {size} samples, fewer than the {num_partitions} "
+                    "partitions; use fewer partitions (num_partitions=)"
+                )
+            blocks = [
+                MiniBatch(tuple(np.asarray(f[start:stop]) for f in features), labels[start:stop])
+                for start, stop in split_bounds(size, num_partitions)
+            ]
+            return sc.parallelize(blocks, num_partitions)
+        raise TypeError(
+            "training_set must be a PySpark RDD (of Samples, (features, label) pairs or "
+            "MiniBatches), a DataFrame, an ArrayDataset or (features, labels) arrays; got "
+            f"{type(data).__name__}"
+        )
+
+    def _check_batch_size(self, batch_size: Any) -> int:
+        if batch_size is None:
+            raise ValueError("batch_size is required for distributed training (the global batch)")
+        return super()._check_batch_size(batch_size)
+
+    def _as_validation_set(self, dataset: Any) -> Any:
+        if _is_rdd(dataset) or _is_dataframe(dataset):
+            reading = self._dataframe_reading if _is_dataframe(dataset) else {}
+            return SparkValidationSet(dataset, reading)
+        return batch_io.as_array_dataset(dataset, "validation dataset", shuffle=False, train=False)
+
+    def _dataset_fingerprint(self) -> dict:
+        return {
+            "size": len(self.training_set),
+            "batch_size": self.batch_size,
+            "seed": self.training_set.seed,
+            "shuffle": self.training_set.shuffle,
+            "partition_sizes": list(self.data.sizes),
+        }
+
+    def local_reference_dataset(self, features, labels) -> PlannedDataset:
+        """An ArrayDataset that gives a ``LocalOptimizer`` this run's global batches.
+
+        ``features``/``labels`` must be the training data in partition order (partition 0's
+        samples first), as ``rdd.glom().collect()`` would list them.
+        """
+        return PlannedDataset(features, labels, self.training_set.plan)
+
+    @property
+    def last_iteration_timings(self) -> dict[str, float]:
+        """Where the last iteration's time went (seconds), for benchmarks and logs."""
+        return self.runner.last_timings
+
+    def close(self) -> None:
+        """Unpersist the cached training data and delete its files on the executors."""
+        self.data.close()
+
+    def __enter__(self) -> DistriOptimizer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

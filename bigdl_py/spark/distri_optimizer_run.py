@@ -1,0 +1,468 @@
+"""The Spark side of a DistriOptimizer: cached partition data, and the jobs of each iteration.
+
+Per iteration (BigDL's AllReduceParameter, with Spark's public APIs only), ONE job:
+
+* the driver ships the current flat weights (in the task closure when small, else by a
+  broadcast that is destroyed after the job);
+* **forward-backward stage** over the cached RDD of partition handles: partition ``j``
+  runs its share through its worker-resident replica and emits gradient slice ``k`` keyed
+  by ``k`` (optionally float16/bfloat16 on the wire);
+* **shuffle** (``partitionBy(N, identity)``): slice ``k`` of every replica reaches owner
+  ``k`` — a reduce-scatter; the driver never sees or sums a gradient;
+* **update stage** on owner ``k``: sum, clip, OptimMethod step on weight slice ``k`` with the
+  optimizer state it owns (sharded N ways, kept by the worker between iterations and on the
+  host's disk); it returns its updated weight slice;
+* the driver concatenates the N updated slices — the one copy of the weights that passes
+  through it — and ships them to the next iteration (the all-gather half of the AllReduce).
+
+With global L2-norm clipping the update needs the norm of the *summed* gradient, known only
+after every owner has summed its slice: owners then return their squared norms in the first
+job and step in a second, small job over ``owner_rdd``.
+
+PySpark has no ``zipPartitions``; the replicas live in the Python workers' caches, keyed by
+partition, next to the data they train on (the cached handle RDD), which is what BigDL's
+zipped model and data RDDs achieve: partition ``j``'s replica trains on partition ``j``'s data
+on the executor that holds it, and is rebuilt from the run spec wherever that moves.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+import uuid
+from typing import Any
+
+import numpy as np
+from pyspark import cloudpickle
+
+from bigdl_py.data.sample import MiniBatch, Sample
+from bigdl_py.optim.sharding import all_slice_bounds
+from bigdl_py.spark import collectives, worker
+from bigdl_py.spark import distri_optimizer_tasks as tasks
+
+# Weights up to this size travel inside the task closure (one pickle per task, no broadcast
+# bookkeeping); bigger ones by broadcast, which each executor fetches once.
+CLOSURE_WEIGHTS_LIMIT_BYTES = 2 << 20
+
+
+class DistributedTrainingError(RuntimeError):
+    """A Spark job of the run failed; the message is the Python error a task raised."""
+
+
+def drain(rows) -> list:
+    """Read a task's input to its end, returning it.
+
+    A PySpark task that leaves input unread makes its Python worker exit instead of going
+    back to the pool (worker.py cannot reuse a half-read stream): the next task then forks a
+    fresh worker that re-imports everything and finds the worker cache empty — seconds per
+    iteration. Every task here reads its input fully for that reason.
+    """
+    return list(rows)
+
+
+def python_error_text(error: Exception) -> str:
+    """The last Python exception line inside a Py4J/Spark error, or the first line."""
+    text = str(error)
+    python_lines = [
+        line.strip()
+        for line in text.splitlines()
+        if line.strip().split(":", 1)[0].endswith(("Error", "Exception"))
+        and not line.strip().startswith(("org.", "java.", "py4j", "Caused by", "scala."))
+    ]
+    return python_lines[-1] if python_lines else text.strip().splitlines()[0]
+
+
+def stack_partition(partition: int, rows) -> tuple[tuple, np.ndarray]:
+    """Stack a partition's Samples, (features, label) pairs or MiniBatches into arrays."""
+    feature_blocks: list[list[np.ndarray]] = []
+    label_blocks: list[np.ndarray] = []
+    pending: list[Sample] = []
+
+    def flush():
+        if pending:
+            batch = MiniBatch.from_samples(pending)
+            feature_blocks.append(list(batch.features))
+            label_blocks.append(np.asarray(batch.labels))
+            pending.clear()
+
+    for row in rows:
+        if isinstance(row, MiniBatch):
+            flush()
+            if row.labels is None:
+                raise ValueError(f"partition {partition}: a training MiniBatch has no labels")
+            feature_blocks.append(list(row.features))
+            label_blocks.append(np.asarray(row.labels))
+        elif isinstance(row, Sample):
+            pending.append(row)
+        elif isinstance(row, tuple) and len(row) == 2:
+            pending.append(Sample(row[0], row[1]))
+        else:
+            raise TypeError(
+                f"partition {partition}: training data rows must be Samples, (features, label) "
+                f"pairs or MiniBatches, got {type(row).__name__}"
+            )
+    flush()
+    if not feature_blocks:
+        return (), np.zeros(0, dtype=np.int64)
+    shapes = {tuple(tuple(a.shape[1:]) for a in block) for block in feature_blocks}
+    if len(shapes) > 1:
+        raise ValueError(
+            f"partition {partition}: samples have different feature shapes {sorted(shapes)}"
+        )
+    features = tuple(
+        np.concatenate([block[i] for block in feature_blocks])
+        for i in range(len(feature_blocks[0]))
+    )
+    labels = np.concatenate(label_blocks)
+    for position, array in enumerate(features):
+        if np.issubdtype(array.dtype, np.floating):
+            finite = np.isfinite(array.reshape(len(array), -1)).all(axis=1)
+            if not finite.all():
+                bad = int(np.flatnonzero(~finite)[0])
+                raise ValueError(
+                    f"partition {partition}: feature array {position} of sample {bad} (within "
+                    "the partition) holds NaN or Inf"
+                )
+    return features, labels
+
+
+class PartitionedData:
+    """The training data split into ``num_partitions`` partitions, written once to each
+    executor's disk, with a cached RDD of small handles (one per partition).
+
+    Raises
+    ------
+    ValueError
+        On the driver, naming the partitions: empty partitions, fewer samples than
+        partitions, NaN/Inf features, ragged shapes.
+    """
+
+    def __init__(self, sc, rdd, num_partitions: int, state_dir: str | None = None):
+        self.sc = sc
+        self.num_partitions = int(num_partitions)
+        self.data_id = "data-" + uuid.uuid4().hex[:12]
+        self.state_dir = state_dir or tasks.default_state_dir()
+        if rdd.getNumPartitions() != self.num_partitions:
+            rdd = rdd.repartition(self.num_partitions)
+        data_id, state_dir = self.data_id, self.state_dir
+
+        def write(partition, rows):
+            features, labels = stack_partition(partition, rows)
+            directory = tasks.run_directory(state_dir, data_id)
+            yield tasks.write_partition_data(directory, partition, features, labels)
+
+        self.handles = rdd.mapPartitionsWithIndex(write).cache()
+        self.sc.setJobDescription("bigdl_py: cache the training data on the executors")
+        try:
+            infos = sorted(self.handles.collect(), key=lambda handle: handle["partition"])
+        except Exception as error:
+            self.close()
+            raise ValueError(
+                f"preparing the training data failed: {python_error_text(error)}"
+            ) from None
+        finally:
+            self.sc.setJobDescription(None)
+        self.sizes = [info["size"] for info in infos]
+        self.feature_shapes = infos  # kept for error messages
+        total = sum(self.sizes)
+        if total < self.num_partitions:
+            self.close()
+            raise ValueError(
+                f"the training data has {total} samples, fewer than the {self.num_partitions} "
+                "partitions; use fewer partitions (num_partitions=)"
+            )
+        empty = [partition for partition, size in enumerate(self.sizes) if size == 0]
+        if empty:
+            self.close()
+            raise ValueError(
+                f"partitions {empty} of the training data are empty after splitting it into "
+                f"{self.num_partitions} partitions; repartition the data so none is empty"
+            )
+
+    def close(self) -> None:
+        """Unpersist the handles and delete the data files on every executor and here."""
+        self.handles.unpersist()
+        _remove_run_everywhere(self.sc, self.state_dir, self.data_id, self.num_partitions)
+
+
+def _remove_run_everywhere(sc, state_dir: str, run_id: str, count: int) -> None:
+    def clean(_, rows):
+        drain(rows)
+        worker.release_run(run_id)
+        shutil.rmtree(os.path.join(state_dir, f"bigdl_py-run-{run_id}"), ignore_errors=True)
+        yield 0
+
+    try:
+        sc.setJobDescription(f"bigdl_py: clean up {run_id}")
+        sc.parallelize(range(count), count).mapPartitionsWithIndex(clean).collect()
+    except Exception:  # clean-up is best effort; a dead executor's files went with it
+        pass
+    finally:
+        sc.setJobDescription(None)
+        shutil.rmtree(os.path.join(state_dir, f"bigdl_py-run-{run_id}"), ignore_errors=True)
+
+
+def _task_timings(fb: tuple, entered: float, started: float) -> dict:
+    """What an owner task reports about its iteration (wall clocks of one host or NTP)."""
+    fb_seconds, (fb_entered, fb_left) = fb
+    return {
+        "forward_backward": fb_seconds,
+        "fb_entered": fb_entered,
+        "fb_left": fb_left,
+        "update_entered": entered,
+        "update": time.perf_counter() - started,
+        "update_left": time.time(),
+    }
+
+
+def _iteration_breakdown(submitted: float, returned: float, timings: list[dict]) -> dict:
+    """Seconds of one iteration by phase, from the driver's and the tasks' clocks.
+
+    ``to_first_task``: job submission, scheduling, task deserialisation and the Python
+    worker hand-off until the first forward-backward task runs Python code;
+    ``forward_backward``: the slowest partition's compute; ``shuffle``: from the last
+    forward-backward task leaving Python to the first owner task entering it (shuffle write,
+    stage boundary, fetch, worker hand-off); ``update``: the slowest owner's sum + step;
+    ``to_driver``: from the last owner leaving Python to collect() returning.
+    """
+    fb_entered = min(t["fb_entered"] for t in timings)
+    fb_left = max(t["fb_left"] for t in timings)
+    update_entered = min(t["update_entered"] for t in timings)
+    update_left = max(t["update_left"] for t in timings)
+    return {
+        "job": returned - submitted,
+        "to_first_task": fb_entered - submitted,
+        "forward_backward": max(t["forward_backward"] for t in timings),
+        "shuffle": update_entered - fb_left,
+        "update": max(t["update"] for t in timings),
+        "to_driver": returned - update_left,
+    }
+
+
+class SparkTrainingRun:
+    """One ``optimize()`` on Spark: replicas and optimizer shards of a run on the executors.
+
+    Parameters
+    ----------
+    data : PartitionedData
+    spec : tasks.RunSpec
+        Model, criterion, optim method, clipping, wire dtype; shipped once by broadcast.
+    weights : np.ndarray
+        The initial flat weights (float32).
+    initial_optim_states : dict, optional
+        ``{"iteration": t, "shards": [state dict per shard]}`` to resume from.
+    """
+
+    def __init__(self, data: PartitionedData, spec, weights: np.ndarray, initial_optim_states=None):
+        self.sc = data.sc
+        self.data = data
+        self.spec = spec
+        self.num_partitions = data.num_partitions
+        self.weights = np.array(weights, dtype=np.float32)
+        self.slice_bounds = all_slice_bounds(self.weights.size, self.num_partitions)
+        self.initial_optim_states = initial_optim_states
+        self.buffers: dict[str, np.ndarray] | None = None
+        self.last_timings: dict[str, float] = {}
+        self._broadcasts: list = []
+        # cloudpickle, not the broadcast's plain pickle: models and criteria defined in a
+        # notebook or a job's __main__ must reach the executors by value.
+        self.spec_broadcast = self.sc.broadcast(cloudpickle.dumps(spec))
+        self.owner_rdd = self.sc.parallelize(range(self.num_partitions), self.num_partitions)
+
+    # --- shipping -----------------------------------------------------------------------
+    def _ship_weights(self):
+        """A zero-argument function that returns the weights on the executor."""
+        weights = self.weights
+        if weights.nbytes <= CLOSURE_WEIGHTS_LIMIT_BYTES:
+            return lambda: weights
+        broadcast = self.sc.broadcast(weights)
+        self._broadcasts.append(broadcast)
+        return lambda: broadcast.value
+
+    def _spec_loader(self):
+        spec_broadcast, run_id = self.spec_broadcast, self.spec.run_id
+
+        def load_spec():
+            return worker.fetch(run_id, "spec", lambda: cloudpickle.loads(spec_broadcast.value))
+
+        return load_spec
+
+    # --- one iteration ------------------------------------------------------------------
+    def run_iteration(
+        self, iteration: int, local_indices: list, schedule: dict, description: str
+    ) -> dict[str, Any]:
+        """Run global iteration ``iteration`` (0-based) on the shares ``local_indices``.
+
+        The weights advance in place unless the loss was not finite (then every shard
+        skips its update and ``finite`` is False in the result).
+        """
+        load_spec = self._spec_loader()
+        num_partitions = self.num_partitions
+        get_weights = self._ship_weights()
+        bounds = self.slice_bounds
+        initial_states = self.initial_optim_states
+        two_phase = self.spec.l2_clipping is not None
+
+        def forward_backward(partition, handles):
+            entered = time.time()
+            started = time.perf_counter()
+            spec = load_spec()
+            (handle,) = drain(handles)
+            replica = worker.fetch(
+                spec.run_id, ("replica", partition), lambda: tasks.Replica(spec, handle)
+            )
+            gradient, loss_sum, count = tasks.forward_backward(
+                replica,
+                get_weights(),
+                local_indices[partition],
+                spec.batch_size,
+                iteration,
+                spec.gradient_accumulation,
+            )
+            buffers = replica.buffers() if partition == 0 and replica.buffer_names else None
+            seconds = time.perf_counter() - started
+            report = (loss_sum, count, seconds, buffers, (entered, time.time()))
+            for owner, piece in collectives.pieces_for_owners(
+                partition, gradient, num_partitions, spec.wire_dtype
+            ):
+                yield owner, (piece, report if owner == 0 else report[:3] + (None, report[4]))
+
+        def gather(owner, records):
+            """Owner ``owner``: the sum of gradient slice ``owner`` over the replicas (in
+            partition order, float32), and the replicas' reports."""
+            records = list(records)
+            _, summed = collectives.combine_owned_pieces(
+                owner, (piece for _, (piece, _) in records), num_partitions, "sum", "AllReduce"
+            )
+            reports = [report for _, (_, report) in records]
+            loss_sum = float(sum(report[0] for report in reports))
+            count = int(sum(report[1] for report in reports))
+            fb_seconds = max(report[2] for report in reports)
+            buffers = next((report[3] for report in reports if report[3] is not None), None)
+            clock = (min(r[4][0] for r in reports), max(r[4][1] for r in reports))
+            return summed, loss_sum, count, (fb_seconds, clock), buffers
+
+        def step_owner(spec, owner, summed, loss_sum, l2_scale):
+            method = tasks.owned_shard(spec, owner, iteration, initial_states)
+            start, stop = bounds[owner]
+            if np.isfinite(loss_sum) and np.isfinite(l2_scale):
+                new_slice = tasks.update_owned_slice(
+                    method, get_weights()[start:stop], summed, start, schedule, l2_scale
+                )
+            else:  # leave weights and state as they were; the driver decides what to do
+                tasks.follow_schedule_only(method, schedule)
+                new_slice = np.array(get_weights()[start:stop], dtype=np.float32)
+            tasks.keep_shard(spec, owner, method, iteration)
+            return new_slice
+
+        def reduce_and_update(owner, records):
+            entered = time.time()
+            started = time.perf_counter()
+            spec = load_spec()
+            summed, loss_sum, count, fb, buffers = gather(owner, records)
+            tasks.clip_summed_slice(spec, summed)
+            new_slice = step_owner(spec, owner, summed, loss_sum, 1.0)
+            timings = _task_timings(fb, entered, started)
+            yield owner, new_slice, loss_sum, count, buffers, timings
+
+        def reduce_and_keep(owner, records):
+            entered = time.time()
+            started = time.perf_counter()
+            spec = load_spec()
+            summed, loss_sum, count, fb, buffers = gather(owner, records)
+            tasks.clip_summed_slice(spec, summed)
+            worker.store(spec.run_id, ("summed", owner), summed, version=iteration)
+            directory = tasks.run_directory(spec.state_dir, spec.run_id)
+            tasks.save_npy_atomically(os.path.join(directory, f"summed-{owner}.npy"), summed)
+            squares = spec.l2_clipping.sum_of_squares(summed)
+            timings = _task_timings(fb, entered, started)
+            yield owner, squares, loss_sum, count, buffers, timings
+
+        gradients = self.data.handles.mapPartitionsWithIndex(forward_backward).partitionBy(
+            num_partitions, collectives.owner_partition
+        )
+        submitted = time.time()
+        try:
+            if not two_phase:
+                self.sc.setJobDescription(f"{description}: forward-backward + update")
+                results = gradients.mapPartitionsWithIndex(reduce_and_update).collect()
+            else:
+                self.sc.setJobDescription(f"{description}: forward-backward + gradient norm")
+                norms = gradients.mapPartitionsWithIndex(reduce_and_keep).collect()
+                total_squares = float(sum(record[1] for record in norms))
+                l2_scale = self.spec.l2_clipping.scale_for(total_squares)
+                loss_by_owner = {record[0]: record[2] for record in norms}
+
+                def update_kept(owner, rows):
+                    drain(rows)
+                    spec = load_spec()
+                    summed = worker.lookup(spec.run_id, ("summed", owner), version=iteration)
+                    if summed is None:
+                        directory = tasks.run_directory(spec.state_dir, spec.run_id)
+                        summed = np.load(os.path.join(directory, f"summed-{owner}.npy"))
+                    new_slice = step_owner(spec, owner, summed, loss_by_owner[owner], l2_scale)
+                    yield owner, new_slice
+
+                self.sc.setJobDescription(f"{description}: clipped update")
+                slices = dict(self.owner_rdd.mapPartitionsWithIndex(update_kept).collect())
+                results = [
+                    (owner, slices[owner], loss, count, buffers, timings)
+                    for owner, _, loss, count, buffers, timings in norms
+                ]
+        except Exception as error:
+            raise DistributedTrainingError(
+                f"iteration {iteration + 1} failed: {python_error_text(error)}"
+            ) from None
+        finally:
+            self.sc.setJobDescription(None)
+            self._release_broadcasts()
+        returned = time.time()
+        results.sort(key=lambda record: record[0])
+        self.weights = np.concatenate([np.asarray(record[1]) for record in results])
+        self.initial_optim_states = None  # the shards now keep their own state
+        _, _, loss_sum, count, buffers, timings = results[0]
+        if buffers is not None:
+            self.buffers = buffers
+        self.last_timings = _iteration_breakdown(
+            submitted, returned, [record[5] for record in results]
+        )
+        return {"loss": loss_sum / max(count, 1), "count": count, "finite": np.isfinite(loss_sum)}
+
+    # --- optimizer state for checkpoints -----------------------------------------------
+    def gather_optim_states(self, completed: int) -> list[dict]:
+        """Every shard's optimizer state after iteration ``completed - 1`` (one small job)."""
+        load_spec = self._spec_loader()
+        initial_states = self.initial_optim_states
+
+        def read_state(owner, rows):
+            drain(rows)
+            spec = load_spec()
+            method = worker.lookup(spec.run_id, ("shard", owner), version=completed - 1)
+            if method is None:
+                method = tasks.owned_shard(spec, owner, completed, initial_states)
+                worker.store(spec.run_id, ("shard", owner), method, version=completed - 1)
+            yield owner, method.state_dict()
+
+        self.sc.setJobDescription(f"bigdl_py: gather optimizer shards after {completed}")
+        try:
+            states = self.owner_rdd.mapPartitionsWithIndex(read_state).collect()
+        except Exception as error:
+            raise DistributedTrainingError(
+                f"gathering the optimizer state failed: {python_error_text(error)}"
+            ) from None
+        finally:
+            self.sc.setJobDescription(None)
+        return [state for _, state in sorted(states, key=lambda record: record[0])]
+
+    # --- clean-up -----------------------------------------------------------------------
+    def _release_broadcasts(self) -> None:
+        for broadcast in self._broadcasts:
+            broadcast.destroy()
+        self._broadcasts.clear()
+
+    def close(self) -> None:
+        """Destroy broadcasts, drop the replicas and shards, delete this run's files."""
+        self._release_broadcasts()
+        self.spec_broadcast.destroy()
+        _remove_run_everywhere(self.sc, self.spec.state_dir, self.spec.run_id, self.num_partitions)
