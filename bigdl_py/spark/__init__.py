@@ -7,9 +7,14 @@
 - :mod:`bigdl_py.spark.collectives` — broadcast, reduce, all_reduce, reduce_scatter,
   all_gather, scatter, gather and barrier over the partitions of an RDD.
 - :mod:`bigdl_py.spark.wire` — how array slices travel through a shuffle (fp16/bf16 option).
+- :mod:`bigdl_py.spark.ml` — Spark ML pipeline stages ``NNEstimator``, ``NNClassifier``,
+  ``NNModel`` and ``NNClassifierModel`` (importable from here too).
 
-Importing this package does not import pyspark; the functions do, when called.
+Importing this package does not import pyspark; the functions do, when called, and the
+Spark ML stages are imported on first use.
 """
+
+import importlib
 
 from bigdl_py.spark.session import (
     RECOMMENDED_CONF,
@@ -21,7 +26,14 @@ from bigdl_py.spark.session import (
 )
 from bigdl_py.spark.worker import configure_worker_threads
 
+# Spark ML stages, imported on first use: pyspark.ml loads the JVM-facing ML modules.
+_ML_STAGES = ("NNClassifier", "NNClassifierModel", "NNEstimator", "NNModel")
+
 __all__ = [
+    "NNClassifier",
+    "NNClassifierModel",
+    "NNEstimator",
+    "NNModel",
     "RECOMMENDED_CONF",
     "configure_worker_threads",
     "get_spark",
@@ -30,3 +42,12 @@ __all__ = [
     "set_job_description",
     "task_slots",
 ]
+
+
+def __getattr__(name: str):
+    """Import the Spark ML stages from ``bigdl_py.spark.ml`` when first asked for."""
+    if name in _ML_STAGES:
+        value = getattr(importlib.import_module("bigdl_py.spark.ml"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'bigdl_py.spark' has no attribute {name!r}")

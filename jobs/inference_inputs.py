@@ -1,0 +1,168 @@
+"""What ``evaluate.py`` and ``predict.py`` share: their data arguments, the Spark session and
+the input DataFrame (a Parquet path, or the Fashion-MNIST test set by default)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+# Runnable from a source checkout without installing (spark-submit puts only jobs/ on the path).
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+DEFAULT_BATCH_SIZE = 512
+
+
+def add_data_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments both jobs take: where the model and the data are, and how to run."""
+    parser.add_argument("model", help="a model saved with bigdl_py.nn.save (e.g. lenet.bigdl)")
+    parser.add_argument(
+        "--master",
+        default=None,
+        help="Spark master URL (default: spark-submit's --master, else local[*])",
+    )
+    parser.add_argument(
+        "--input",
+        default=None,
+        help="a Parquet file or directory (default: the Fashion-MNIST test set)",
+    )
+    parser.add_argument(
+        "--data",
+        default=None,
+        help="Fashion-MNIST directory when --input is not given (default: $BIGDL_PY_DATA or "
+        "/usr/share/datasets/fashion-mnist)",
+    )
+    parser.add_argument(
+        "--features-col",
+        default="features",
+        help="feature column(s), comma-separated (default: features)",
+    )
+    parser.add_argument("--label-col", default="label", help="label column (default: label)")
+    parser.add_argument(
+        "--feature-shape",
+        default=None,
+        help="per-row feature shape, e.g. 1,28,28 (default: the column's own; 1,28,28 for "
+        "Fashion-MNIST)",
+    )
+    parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE)
+    parser.add_argument(
+        "--partitions",
+        type=int,
+        default=None,
+        help="partitions of the Fashion-MNIST DataFrame (default: the cluster's task slots)",
+    )
+    parser.add_argument("--device", default="cpu", help="cpu, auto, gpu or cuda:<n>")
+
+
+def feature_columns(text: str) -> str | list[str]:
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    if not names:
+        raise SystemExit("--features-col names no column")
+    return names[0] if len(names) == 1 else names
+
+
+def feature_shape(text: str | None) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    try:
+        shape = tuple(int(size) for size in text.split(","))
+    except ValueError:
+        raise SystemExit(
+            f"--feature-shape must be integers separated by commas, got {text!r}"
+        ) from None
+    if not shape or min(shape) < 1:
+        raise SystemExit(f"--feature-shape must hold positive integers, got {text!r}")
+    return shape
+
+
+def start_spark(args: argparse.Namespace, app_name: str):
+    from bigdl_py.spark.session import get_spark
+
+    started = time.perf_counter()
+    spark = get_spark(args.master, app_name=app_name)
+    spark.sparkContext.setLogLevel("WARN")
+    log(
+        f"Spark {spark.version}, master {spark.sparkContext.master} "
+        f"({time.perf_counter() - started:.1f} s to start)"
+    )
+    return spark
+
+
+def load_model(path: str):
+    import bigdl_py.nn as nn
+
+    if not os.path.isfile(path):
+        raise SystemExit(f"no model file at {path!r}")
+    return nn.load(path)
+
+
+class InputData:
+    """The input DataFrame and how to read it: ``df``, ``feature_cols``, ``label_col``,
+    ``feature_shape`` and a ``description`` for the console."""
+
+    def __init__(self, spark, args: argparse.Namespace, needs_labels: bool):
+        self.label_col = args.label_col
+        if args.input is None:
+            self._fashion_mnist_test_set(spark, args)
+        else:
+            self._parquet(spark, args, needs_labels)
+
+    def _fashion_mnist_test_set(self, spark, args) -> None:
+        import numpy as np
+
+        from bigdl_py.data import fashion_mnist
+        from bigdl_py.spark.dataframe import arrays_to_dataframe
+        from bigdl_py.spark.session import task_slots
+
+        try:
+            images, labels = fashion_mnist("test", args.data)
+        except FileNotFoundError as error:
+            raise SystemExit(str(error)) from None
+        partitions = args.partitions or task_slots(spark.sparkContext)
+        # The image's position in the test set travels as its own column, so predictions
+        # written to Parquet can be matched to images whatever order they are read in.
+        index = np.arange(len(labels), dtype=np.int64)
+        self.df = arrays_to_dataframe(
+            spark,
+            [index, images],
+            labels,
+            feature_cols=["index", "features"],
+            label_col=self.label_col,
+            num_partitions=partitions,
+        )
+        self.feature_cols = "features"
+        self.feature_shape = feature_shape(args.feature_shape) or images.shape[1:]
+        self.description = f"the Fashion-MNIST test set ({len(labels)} images)"
+
+    def _parquet(self, spark, args, needs_labels: bool) -> None:
+        self.df = spark.read.parquet(args.input)
+        self.feature_cols = feature_columns(args.features_col)
+        self.feature_shape = feature_shape(args.feature_shape)
+        names = [self.feature_cols] if isinstance(self.feature_cols, str) else self.feature_cols
+        if needs_labels:
+            names = [*names, self.label_col]
+        missing = [name for name in names if name not in self.df.columns]
+        if missing:
+            raise SystemExit(
+                f"{args.input} has no column(s) {missing}; its columns are {self.df.columns} "
+                "(see --features-col / --label-col)"
+            )
+        self.description = args.input
+
+    @property
+    def feature_names(self) -> list[str]:
+        return [self.feature_cols] if isinstance(self.feature_cols, str) else self.feature_cols
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def stop_spark() -> None:
+    """Stop the session a job started (at exit, also after an error)."""
+    from pyspark.sql import SparkSession
+
+    session = SparkSession.getActiveSession()
+    if session is not None:
+        session.stop()

@@ -1,0 +1,102 @@
+"""Predict with a saved bigdl_py model on Spark, over Parquet data or the Fashion-MNIST test
+set, and write the predictions to Parquet.
+
+    python jobs/predict.py lenet.bigdl --output predictions.parquet
+    python jobs/predict.py model.bigdl --input data.parquet --feature-shape 1,28,28 \\
+        --prediction probabilities --output out.parquet
+    spark-submit --master spark://host:7077 jobs/predict.py lenet.bigdl --output out.parquet
+
+Every input column but the features is written next to the prediction (the Fashion-MNIST
+test set has ``index`` and ``label``), so rows can be matched whatever order Parquet is read
+back in. The model is broadcast once and each partition is batched in order
+(``bigdl_py.spark.inference.predict``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+from inference_inputs import (
+    InputData,
+    add_data_arguments,
+    load_model,
+    log,
+    start_spark,
+    stop_spark,
+)
+
+OUTPUTS = ("class", "probabilities", "raw")
+
+
+def parse_arguments(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_data_arguments(parser)
+    parser.add_argument("--output", required=True, help="Parquet directory to write")
+    parser.add_argument(
+        "--prediction",
+        choices=OUTPUTS,
+        default="class",
+        help="class: the most probable class index (double, as Spark ML); probabilities: "
+        "array<float> of class probabilities; raw: the model's output (default: class)",
+    )
+    parser.add_argument("--prediction-col", default="prediction")
+    parser.add_argument(
+        "--keep-features", action="store_true", help="write the feature columns too"
+    )
+    parser.add_argument("--overwrite", action="store_true", help="replace --output if it exists")
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> dict:
+    args = parse_arguments(argv)
+    from pyspark.sql import functions as F
+
+    from bigdl_py.spark.inference import predict
+
+    if not args.overwrite and "://" not in args.output and os.path.exists(args.output):
+        # Checked before Spark starts, so the mistake costs a second, not a Spark start.
+        raise SystemExit(f"--output {args.output!r} already exists; pass --overwrite to replace it")
+    model = load_model(args.model)
+    spark = start_spark(args, "bigdl_py predict")
+    data = InputData(spark, args, needs_labels=False)
+    log(f"Predicting with {args.model} on {data.description}")
+    scored = predict(
+        model,
+        data.df,
+        batch_size=args.batch_size,
+        feature_cols=data.feature_cols,
+        prediction_col=args.prediction_col,
+        output=args.prediction,
+        device=args.device,
+        feature_shape=data.feature_shape,
+    )
+    if not args.keep_features:
+        scored = scored.drop(*data.feature_names)
+    started = time.perf_counter()
+    scored.write.mode("overwrite" if args.overwrite else "errorifexists").parquet(args.output)
+    seconds = time.perf_counter() - started
+    written = spark.read.parquet(args.output)
+    rows = written.count()
+    rate = rows / seconds
+    print(f"Wrote {rows} predictions to {args.output} in {seconds:.1f} s ({rate:.0f} rows/s)")
+    print(f"Columns: {', '.join(f'{name} {kind}' for name, kind in written.dtypes)}")
+    summary = {"rows": rows, "seconds": seconds, "output": args.output}
+    if args.prediction == "class":
+        counts = written.groupBy(args.prediction_col).count().orderBy(args.prediction_col)
+        histogram = {int(row[0]): int(row[1]) for row in counts.collect()}
+        print("Predicted classes: " + ", ".join(f"{k}: {v}" for k, v in histogram.items()))
+        summary["classes"] = histogram
+        if data.label_col in written.columns:
+            correct = written.where(F.col(args.prediction_col) == F.col(data.label_col)).count()
+            print(f"Agreement with column {data.label_col!r}: {correct / rows:.4f}")
+            summary["agreement"] = correct / rows
+    return summary
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    finally:
+        stop_spark()
