@@ -265,6 +265,7 @@ class SparkTrainingRun:
         self.buffers: dict[str, np.ndarray] | None = None
         self.last_timings: dict[str, float] = {}
         self._broadcasts: list = []
+        self._last_rdd = None
         # cloudpickle, not the broadcast's plain pickle: models and criteria defined in a
         # notebook or a job's __main__ must reach the executors by value.
         self.spec_broadcast = self.sc.broadcast(cloudpickle.dumps(spec))
@@ -386,10 +387,14 @@ class SparkTrainingRun:
         try:
             if not two_phase:
                 self.sc.setJobDescription(f"{description}: forward-backward + update")
-                results = gradients.mapPartitionsWithIndex(reduce_and_update).collect()
+                updated = gradients.mapPartitionsWithIndex(reduce_and_update)
+                self._last_rdd = updated
+                results = updated.collect()
             else:
                 self.sc.setJobDescription(f"{description}: forward-backward + gradient norm")
-                norms = gradients.mapPartitionsWithIndex(reduce_and_keep).collect()
+                kept = gradients.mapPartitionsWithIndex(reduce_and_keep)
+                self._last_rdd = kept
+                norms = kept.collect()
                 total_squares = float(sum(record[1] for record in norms))
                 l2_scale = self.spec.l2_clipping.scale_for(total_squares)
                 loss_by_owner = {record[0]: record[2] for record in norms}
@@ -428,6 +433,14 @@ class SparkTrainingRun:
             submitted, returned, [record[5] for record in results]
         )
         return {"loss": loss_sum / max(count, 1), "count": count, "finite": np.isfinite(loss_sum)}
+
+    @property
+    def last_lineage_depth(self) -> int:
+        """Lines of the last iteration's RDD lineage: constant when nothing chains up."""
+        if self._last_rdd is None:
+            return 0
+        debug = self._last_rdd.toDebugString()
+        return len((debug.decode() if isinstance(debug, bytes) else debug).splitlines())
 
     # --- optimizer state for checkpoints -----------------------------------------------
     def gather_optim_states(self, completed: int) -> list[dict]:

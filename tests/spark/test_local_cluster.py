@@ -50,3 +50,40 @@ def test_collectives_run_on_separate_executor_jvms():
     for name, error in report["max_abs_errors"].items():
         assert error <= 1e-5, name
     assert report["barrier_messages"] == [["0", "1"], ["0", "1"]]
+
+
+DISTRI_JOB = os.path.join(os.path.dirname(JOB), "distri_local_cluster_job.py")
+
+
+@pytest.mark.slow
+@pytest.mark.spark
+def test_distri_optimizer_survives_a_killed_executor():
+    """Separate executor JVMs; one is SIGKILLed after iteration 10 of 30, and the final
+    weights still equal LocalOptimizer's on the same global batches."""
+    pytest.importorskip("pyspark")
+    environment = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith(("SPARK_", "PYSPARK_"))
+    }
+    environment["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [REPOSITORY, os.environ.get("PYTHONPATH")])
+    )
+    completed = subprocess.run(
+        [sys.executable, DISTRI_JOB],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_SECONDS,
+        env=environment,
+        cwd=REPOSITORY,
+    )
+    lines = [line for line in completed.stdout.splitlines() if line.startswith("RESULT ")]
+    assert completed.returncode == 0 and lines, completed.stderr[-3000:]
+    report = json.loads(lines[-1][len("RESULT ") :])
+    assert report["master"] == "local-cluster[2,1,2048]"
+    assert report["partitions"] == 2
+    assert report["iterations"] == 30
+    assert len(report["executor_jvms_before"]) == 2
+    assert report["killed"] and report["killed"][0] not in report["executor_jvms_after"]
+    assert report["relative_error"] <= 1e-5
+    assert report["moved"] > 1e-2

@@ -1,0 +1,221 @@
+"""DistriOptimizer speed and long-run boundedness, by hand (results in bench/RESULTS.md).
+
+    python bench/distributed.py lenet [--batch-sizes 128 512] [--partitions 2] [--iterations 60]
+    python bench/distributed.py long  [--iterations 1000]
+
+``lenet`` trains LeNet-5 (Fashion-MNIST when installed, else random images of its shape) in
+``local[2]`` with bigdl_py's recommended settings, and reports samples/s and the median
+per-iteration breakdown the trainer measures (``DistriOptimizer.last_iteration_timings``):
+``to_first_task`` (job submission, scheduling, task deserialisation, Python worker
+hand-off), ``forward_backward`` (slowest partition), ``shuffle`` (map output written, stage
+boundary, fetch, hand-off to the owner's Python code), ``update`` (slowest owner: sum of the
+slices + OptimMethod step + state kept), ``to_driver`` (result back to collect()), and the
+driver's own share (the loop around the job). The same model's LocalOptimizer samples/s in
+this process is printed beside it.
+
+``long`` runs 1,000 iterations of a small model and samples, every 100 iterations: the
+driver's RSS, the executors' Python workers' RSS, the JVM heap in use, the number of
+shuffle files under ``spark.local.dir`` and the files of the run's state directory, and
+the lineage depth of the iteration's RDD. Flat numbers mean nothing accumulates.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bigdl_py import nn  # noqa: E402
+from bigdl_py.optim import SGD  # noqa: E402
+from bigdl_py.spark.distri_optimizer import DistriOptimizer  # noqa: E402
+from bigdl_py.spark.session import get_spark  # noqa: E402
+from bigdl_py.train import LocalOptimizer, MaxIteration  # noqa: E402
+
+PHASES = ("to_first_task", "forward_backward", "shuffle", "update", "to_driver")
+
+
+def lenet5() -> nn.Sequential:
+    return nn.Sequential(
+        nn.Conv2d(1, 6, 5),
+        nn.Tanh(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(6, 12, 5),
+        nn.Tanh(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(192, 100),
+        nn.Tanh(),
+        nn.Linear(100, 10),
+        nn.LogSoftmax(),
+    )
+
+
+def training_images():
+    try:
+        from bigdl_py.data import fashion_mnist
+
+        return fashion_mnist("train"), "Fashion-MNIST"
+    except FileNotFoundError:
+        generator = np.random.default_rng(0)
+        images = generator.normal(size=(60000, 1, 28, 28)).astype(np.float32)
+        return (images, generator.integers(0, 10, 60000)), "random images"
+
+
+def timed_iterations(optimizer):
+    """Wrap the runner so each iteration's wall time and breakdown are recorded."""
+    records = []
+    run_iteration = optimizer.runner.run_iteration
+
+    def recorded(*arguments):
+        started = time.perf_counter()
+        result = run_iteration(*arguments)
+        records.append((time.perf_counter() - started, optimizer.last_iteration_timings))
+        return result
+
+    optimizer.runner.run_iteration = recorded
+    return records
+
+
+def bench_lenet(batch_sizes, partitions, iterations, warmup=10):
+    spark = get_spark("local[2]", app_name="bigdl_py bench distributed")
+    spark.sparkContext.setLogLevel("ERROR")
+    (features, labels), source = training_images()
+    print(
+        f"LeNet-5 on {source}, local[2], {partitions} partitions, {iterations} iterations "
+        f"after {warmup} warm-up; medians in ms"
+    )
+    header = ["batch", "samples/s", "iteration", *PHASES, "driver", "local samples/s"]
+    print(" | ".join(header))
+    for batch_size in batch_sizes:
+        optimizer = DistriOptimizer(
+            lenet5(),
+            (features, labels),
+            nn.NLLLoss(),
+            SGD(lr=0.05, momentum=0.9),
+            batch_size=batch_size,
+            end_trigger=MaxIteration(warmup + iterations),
+            num_partitions=partitions,
+            progress=False,
+        )
+        records = timed_iterations(optimizer)
+        with optimizer:
+            optimizer.optimize()
+        kept = records[warmup:]
+        total = statistics.median(seconds for seconds, _ in kept)
+        phases = {p: statistics.median(t[p] for _, t in kept) for p in PHASES}
+        driver = statistics.median(seconds - t["job"] for seconds, t in kept)
+        local = LocalOptimizer(
+            lenet5(),
+            (features[: batch_size * 40], labels[: batch_size * 40]),
+            nn.NLLLoss(),
+            SGD(lr=0.05, momentum=0.9),
+            batch_size=batch_size,
+            end_trigger=MaxIteration(40),
+            progress=False,
+        )
+        started = time.perf_counter()
+        local.optimize()
+        local_rate = batch_size * 40 / (time.perf_counter() - started)
+        row = [str(batch_size), f"{batch_size / total:.0f}", f"{total * 1000:.0f}"]
+        row += [f"{phases[p] * 1000:.0f}" for p in PHASES]
+        row += [f"{driver * 1000:.0f}", f"{local_rate:.0f}"]
+        print(" | ".join(row), flush=True)
+    spark.stop()
+
+
+def rss_mb(pid) -> float:
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except FileNotFoundError:
+        pass
+    return float("nan")
+
+
+def python_worker_rss(rows):
+    for _ in rows:
+        pass
+    yield rss_mb(os.getpid())
+
+
+def bench_long(iterations, every=100):
+    spark = get_spark("local[2]", app_name="bigdl_py bench long run")
+    sc = spark.sparkContext
+    sc.setLogLevel("ERROR")
+    generator = np.random.default_rng(0)
+    features = generator.normal(size=(4096, 32)).astype(np.float32)
+    labels = generator.integers(0, 4, 4096)
+    model = nn.Sequential(nn.Linear(32, 64), nn.Tanh(), nn.Linear(64, 4), nn.LogSoftmax())
+    optimizer = DistriOptimizer(
+        model,
+        (features, labels),
+        nn.NLLLoss(),
+        SGD(lr=0.05, momentum=0.9),
+        batch_size=64,
+        end_trigger=MaxIteration(iterations),
+        num_partitions=2,
+        progress=False,
+    )
+    local_dir = sc.getConf().get("spark.local.dir", "/tmp")
+    runtime = sc._jvm.java.lang.Runtime.getRuntime()
+    print(
+        "iteration | driver RSS MB | worker RSS MB (max) | JVM heap used MB | shuffle files "
+        "| state files | lineage depth | ms/iteration"
+    )
+    run_iteration = optimizer.runner.run_iteration
+    marks = {"time": time.perf_counter()}
+
+    def sampled(epoch, iteration, batch_index, indices):
+        result = run_iteration(epoch, iteration, batch_index, indices)
+        done = iteration + 1
+        if done % every == 0:
+            run = optimizer.runner.run
+            seconds = (time.perf_counter() - marks["time"]) / every
+            worker_rss = max(sc.parallelize(range(2), 2).mapPartitions(python_worker_rss).collect())
+            shuffle_files = len(glob.glob(os.path.join(local_dir, "blockmgr-*", "*", "shuffle_*")))
+            state_files = len(
+                glob.glob(os.path.join(run.spec.state_dir, f"bigdl_py-run-{run.spec.run_id}", "*"))
+            )
+            heap = (runtime.totalMemory() - runtime.freeMemory()) / 2**20
+            print(
+                f"{done} | {rss_mb(os.getpid()):.0f} | {worker_rss:.0f} | {heap:.0f} | "
+                f"{shuffle_files} | {state_files} | {run.last_lineage_depth} | "
+                f"{seconds * 1000:.0f}",
+                flush=True,
+            )
+            marks["time"] = time.perf_counter()
+        return result
+
+    optimizer.runner.run_iteration = sampled
+    with optimizer:
+        optimizer.optimize()
+    spark.stop()
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    lenet = commands.add_parser("lenet")
+    lenet.add_argument("--batch-sizes", type=int, nargs="+", default=[128, 512])
+    lenet.add_argument("--partitions", type=int, default=2)
+    lenet.add_argument("--iterations", type=int, default=60)
+    long_run = commands.add_parser("long")
+    long_run.add_argument("--iterations", type=int, default=1000)
+    arguments = parser.parse_args(argv)
+    if arguments.command == "lenet":
+        bench_lenet(arguments.batch_sizes, arguments.partitions, arguments.iterations)
+    else:
+        bench_long(arguments.iterations)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,114 @@
+"""DistriOptimizer on ``local-cluster[2,1,2048]``, with one executor JVM killed mid-run.
+
+Started by ``test_local_cluster.py`` in a subprocess (a second SparkContext cannot live
+beside the test session). After iteration ``KILL_AFTER`` it SIGKILLs one executor JVM:
+Spark re-runs the lost tasks elsewhere, recomputes the lost cached partition handles from
+lineage, and the optimizer shards are picked up from their host-local state files. The
+final weights must equal an uninterrupted run's: here, a LocalOptimizer on the same global
+batches. Prints one ``RESULT {json}`` line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import numpy as np
+
+from bigdl_py import nn
+from bigdl_py.optim import SGD
+from bigdl_py.spark.distri_optimizer import DistriOptimizer
+from bigdl_py.spark.session import get_spark
+from bigdl_py.train import LocalOptimizer, MaxIteration
+
+MASTER = "local-cluster[2,1,2048]"
+ITERATIONS, KILL_AFTER = 30, 10
+
+
+def executor_jvm(rows):
+    """The process id of the executor JVM that runs this Python worker."""
+    for _ in rows:
+        pass
+    daemon = os.getppid()  # workers are forked by the pyspark daemon the executor started
+    with open(f"/proc/{daemon}/status") as status:
+        yield next(int(line.split()[1]) for line in status if line.startswith("PPid:"))
+
+
+def blobs(samples=601, features=10, classes=3):
+    generator = np.random.default_rng(0)
+    centres = generator.normal(scale=2.0, size=(classes, features))
+    labels = generator.integers(0, classes, samples)
+    data = centres[labels] + generator.normal(size=(samples, features))
+    return data.astype(np.float32), labels.astype(np.int64)
+
+
+def classifier():
+    with nn.init.seeded(3):
+        return nn.Sequential(nn.Linear(10, 32), nn.Tanh(), nn.Linear(32, 3), nn.LogSoftmax())
+
+
+def flat(model):
+    return np.concatenate([p.data.ravel() for p in model.parameters()])
+
+
+def main() -> None:
+    spark = get_spark(MASTER, app_name="bigdl_py-distri-local-cluster-test")
+    sc = spark.sparkContext
+    sc.setLogLevel("ERROR")
+    features, labels = blobs()
+    optimizer = DistriOptimizer(
+        classifier(),
+        (features, labels),
+        nn.NLLLoss(),
+        SGD(lr=0.1, momentum=0.9),
+        batch_size=64,
+        end_trigger=MaxIteration(ITERATIONS),
+        progress=False,
+    )
+    jvms_before = sorted(set(sc.parallelize(range(8), 8).mapPartitions(executor_jvm).collect()))
+    killed = []
+    run_iteration = optimizer.runner.run_iteration
+
+    def run_and_kill(epoch, iteration, batch_index, indices):
+        result = run_iteration(epoch, iteration, batch_index, indices)
+        if iteration + 1 == KILL_AFTER:
+            os.kill(jvms_before[-1], signal.SIGKILL)
+            killed.append(jvms_before[-1])
+        return result
+
+    optimizer.runner.run_iteration = run_and_kill
+    started = time.perf_counter()
+    with optimizer:
+        distributed = flat(optimizer.optimize())
+    seconds = time.perf_counter() - started
+    jvms_after = sorted(set(sc.parallelize(range(8), 8).mapPartitions(executor_jvm).collect()))
+
+    reference = LocalOptimizer(
+        classifier(),
+        optimizer.local_reference_dataset(features, labels),
+        nn.NLLLoss(),
+        SGD(lr=0.1, momentum=0.9),
+        batch_size=64,
+        end_trigger=MaxIteration(ITERATIONS),
+        progress=False,
+    )
+    local = flat(reference.optimize())
+    report = {
+        "master": sc.master,
+        "partitions": optimizer.num_partitions,
+        "iterations": optimizer.state.iteration,
+        "executor_jvms_before": jvms_before,
+        "executor_jvms_after": jvms_after,
+        "killed": killed,
+        "relative_error": float(np.abs(distributed - local).max() / np.abs(local).max()),
+        "moved": float(np.abs(local - flat(classifier())).max()),
+        "seconds": seconds,
+    }
+    print("RESULT " + json.dumps(report), flush=True)
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main()
