@@ -33,28 +33,13 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bigdl_py import nn  # noqa: E402
+from bigdl_py.models import lenet5  # noqa: E402
 from bigdl_py.optim import SGD  # noqa: E402
 from bigdl_py.spark.distri_optimizer import DistriOptimizer  # noqa: E402
 from bigdl_py.spark.session import get_spark  # noqa: E402
 from bigdl_py.train import LocalOptimizer, MaxIteration  # noqa: E402
 
 PHASES = ("to_first_task", "forward_backward", "shuffle", "update", "to_driver")
-
-
-def lenet5() -> nn.Sequential:
-    return nn.Sequential(
-        nn.Conv2d(1, 6, 5),
-        nn.Tanh(),
-        nn.MaxPool2d(2),
-        nn.Conv2d(6, 12, 5),
-        nn.Tanh(),
-        nn.MaxPool2d(2),
-        nn.Flatten(),
-        nn.Linear(192, 100),
-        nn.Tanh(),
-        nn.Linear(100, 10),
-        nn.LogSoftmax(),
-    )
 
 
 def training_images():

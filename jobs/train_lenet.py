@@ -27,6 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bigdl_py import nn  # noqa: E402
 from bigdl_py.data import fashion_mnist  # noqa: E402
+from bigdl_py.models import lenet5  # noqa: E402
 from bigdl_py.optim import SGD, Adam  # noqa: E402
 from bigdl_py.spark.distri_optimizer import DistriOptimizer  # noqa: E402
 from bigdl_py.spark.session import get_spark, task_slots  # noqa: E402
@@ -42,23 +43,6 @@ from bigdl_py.train import (  # noqa: E402
     validation_batches,
 )
 from bigdl_py.train.batches import as_array_dataset  # noqa: E402
-
-
-def lenet5(classes: int = 10) -> nn.Sequential:
-    """BigDL's LeNet-5 for 28x28 images (Conv-Tanh-Pool twice, two Linear layers)."""
-    return nn.Sequential(
-        nn.Conv2d(1, 6, 5),
-        nn.Tanh(),
-        nn.MaxPool2d(2),
-        nn.Conv2d(6, 12, 5),
-        nn.Tanh(),
-        nn.MaxPool2d(2),
-        nn.Flatten(),
-        nn.Linear(12 * 4 * 4, 100),
-        nn.Tanh(),
-        nn.Linear(100, classes),
-        nn.LogSoftmax(),
-    )
 
 
 def parse_arguments(argv=None) -> argparse.Namespace:

@@ -1,0 +1,6 @@
+"""Reference models (BigDL's ``bigdl.models``): the networks the jobs, benchmarks and
+tests share, defined once."""
+
+from bigdl_py.models.lenet import lenet5
+
+__all__ = ["lenet5"]
