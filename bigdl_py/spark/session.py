@@ -4,7 +4,7 @@ and the job descriptions the Spark UI shows.
 The recommended settings live in :data:`RECOMMENDED_CONF`; ``conf/spark-defaults.conf`` ships
 the same values for ``spark-submit --properties-file`` (a test keeps the two equal). Why each
 setting is there is measured by ``bench/spark_floor.py`` and written up in
-``bench/RESULTS_spark.md``.
+``bench/RESULTS.md``.
 """
 
 from __future__ import annotations

@@ -1,23 +1,28 @@
-"""2-d convolution as im2col plus one batched GEMM, and the window helpers pooling shares.
+"""2-d convolution as im2col plus one GEMM per group, and the window helpers pooling shares.
 
-Layout: the column matrix of each sample is ``(C*KH*KW, OH*OW)``, so ``weight (O, K) @
-columns (N, K, L)`` is one batched matmul whose result ``(N, O, L)`` already is the NCHW
-output, with no transpose copy. On the CIFAR CNN of ``bench/engine.py`` (one BLAS thread)
-the alternatives were slower for a whole forward+backward: one ``(K, N*L)`` matrix and a
-single GEMM (plus output and gradient transposes) by 1.3-1.9x, ``(N*L, K) @ (K, O)`` by
-1.4-2x.
+Layout: the columns are ``(C*KH*KW, N*OH*OW)``, the whole batch side by side, so each of
+the forward, the weight gradient and the input gradient is ONE matrix product per group
+(one for an ungrouped convolution) however large the batch. The price is a transpose copy
+of the output and of its gradient between ``(N, O, ...)`` and ``(O, N, ...)``, small next
+to the columns (``O`` rows against ``C*KH*KW``).
+
+Why not one product per sample, ``weight (O, K) @ columns (N, K, L)``, which needs no
+transposes? NumPy runs a stacked matmul as N separate BLAS calls, and with two BLAS threads
+each call ends in a barrier between the threads. On the shared 2-core bench machine a
+barrier often waits for a descheduled thread: the CIFAR CNN of ``bench/engine.py`` took
+14x longer per step at 2 threads than at 1 with 64 per-sample calls per product, against
+about 2x with one call (``bench/RESULTS.md``). At one thread the two layouts ran alike.
 
 Backward:
 
-* ``dW``: ``columns (N, K, L) @ grad^T (N, L, O)`` in one batched GEMM, summed over the
-  batch (an ``(N, K, O)`` array, tiny next to the GEMM). OpenBLAS ran this orientation as
-  fast as ``grad @ columns^T`` on 32 channels and up to 2.2x faster on 64.
+* ``dW = grad (O, N*L) @ columns^T``, a long reduction into a small result, computed with
+  the taller of its two sides as rows (see ``_weight_gradient``).
 * ``dx`` for stride 1: a convolution of the zero-padded output gradient with the flipped,
   channel-swapped kernel (the transposed convolution), again im2col plus one GEMM whose
-  inner dimension is ``O*KH*KW``: 1.1-2x faster than ``col2im`` on the CIFAR layers.
-  When it would move more memory than ``col2im`` (large kernels on small outputs, as in
-  LeNet's second layer), or for strides > 1, ``dx`` is ``weight^T @ grad`` scattered back
-  by ``col2im``, which loops only over the ``KH*KW`` kernel offsets.
+  inner dimension is ``O*KH*KW``. When it would move more memory than ``col2im`` (large
+  kernels on small outputs, as in LeNet's second layer), or for strides > 1, ``dx`` is
+  ``weight^T @ grad`` scattered back by ``col2im``, which loops only over the ``KH*KW``
+  kernel offsets.
 
 The forward columns are kept for ``dW`` (as Chainer's im2col convolution does): recomputing
 them would cost another im2col per layer per step. Their buffers are reused from step to
@@ -129,33 +134,37 @@ def offset_slices(
 
 
 def _im2col(padded, kernel, stride, dilation, out_hw, groups: int):
-    """Copy the windows of ``padded (N, C, Hp, Wp)`` to columns ``(N, groups, C/g*KH*KW, L)``.
+    """Copy the windows of ``padded (N, C, Hp, Wp)`` to columns ``(groups, C/g*KH*KW, N*L)``.
 
-    The strided view puts the kernel taps next to the channel axis, so the copy reads whole
-    output rows of the input (contiguous for stride 1).
+    The strided view is ``(C, KH, KW, N, OH, OW)``: the copy reads whole output rows of the
+    input (contiguous for stride 1) and writes the columns in order.
     """
     xp = backend.array_module(padded)
     batch, channels = padded.shape[:2]
     stride_n, stride_c, stride_h, stride_w = padded.strides
     windows = xp.lib.stride_tricks.as_strided(
         padded,
-        shape=(batch, channels, kernel[0], kernel[1], out_hw[0], out_hw[1]),
+        shape=(channels, kernel[0], kernel[1], batch, out_hw[0], out_hw[1]),
         strides=(
-            stride_n,
             stride_c,
             stride_h * dilation[0],
             stride_w * dilation[1],
+            stride_n,
             stride_h * stride[0],
             stride_w * stride[1],
         ),
     )
     columns = column_buffers.take(xp, windows.shape, padded.dtype)
     columns[...] = windows
-    return columns.reshape(batch, groups, -1, out_hw[0] * out_hw[1])
+    return columns.reshape(groups, -1, batch * out_hw[0] * out_hw[1])
 
 
-def _convolve(padded, weight, stride, dilation, groups: int):
-    """Cross-correlate a padded input with ``weight``; returns ``(output, columns)``."""
+def _convolve(padded, weight, stride, dilation, groups: int, bias=None):
+    """Cross-correlate a padded input with ``weight`` (plus ``bias``).
+
+    Returns ``(output, columns)``: the output contiguous in ``(N, O, OH, OW)``, the
+    columns ``(groups, C/g*KH*KW, N*OH*OW)``.
+    """
     xp = backend.array_module(padded)
     batch = padded.shape[0]
     out_channels, _, kernel_h, kernel_w = weight.shape
@@ -165,8 +174,31 @@ def _convolve(padded, weight, stride, dilation, groups: int):
     )
     columns = _im2col(padded, (kernel_h, kernel_w), stride, dilation, out_hw, groups)
     grouped_weight = weight.reshape(groups, out_channels // groups, -1)
-    output = xp.matmul(grouped_weight, columns)  # (N, g, O/g, L): NCHW order already
-    return output.reshape(batch, out_channels, out_hw[0], out_hw[1]), columns
+    product = xp.matmul(grouped_weight, columns)  # (g, O/g, N*L): one GEMM per group
+    channels_first = product.reshape(out_channels, batch, out_hw[0], out_hw[1])
+    output = xp.empty((batch, out_channels) + out_hw, dtype=product.dtype)
+    # The transpose to NCHW is one copy; adding the bias in that same pass saves another.
+    if bias is None:
+        output[...] = channels_first.transpose(1, 0, 2, 3)
+    else:
+        xp.add(channels_first.transpose(1, 0, 2, 3), bias.reshape(1, -1, 1, 1), out=output)
+    return output, columns
+
+
+def _weight_gradient(columns, grouped_grad):
+    """``grad (g, O/g, N*L) @ columns^T (g, N*L, K)``, computed with the taller side as rows.
+
+    The reduction runs over the whole batch (N*L is tens of thousands) into a small
+    ``(O/g, K)`` result. Multi-threaded OpenBLAS synchronises its threads once per block of
+    that reduction, and on a loaded machine these waits grew 100-400x when the result's
+    row count was the smaller side: 1.6 s instead of 4 ms for the CIFAR CNN's first layer
+    (27 x 32 result) at 2 threads, 420 ms instead of 24 ms for its last (576 x 64).
+    """
+    xp = backend.array_module(columns)
+    if columns.shape[1] >= grouped_grad.shape[1]:
+        transposed = xp.matmul(columns, xp.swapaxes(grouped_grad, -1, -2))  # (g, K, O/g)
+        return xp.swapaxes(transposed, -1, -2)
+    return xp.matmul(grouped_grad, xp.swapaxes(columns, -1, -2))  # (g, O/g, K)
 
 
 def _check_conv_shapes(x, weight, bias, padding, dilation, groups: int) -> None:
@@ -221,9 +253,7 @@ class Conv2d(Function):
             )
         _check_conv_shapes(x, weight, bias, padding, dilation, groups)
         padded = pad_spatial(x, padding)
-        output, columns = _convolve(padded, weight, stride, dilation, groups)
-        if bias is not None:
-            output += bias.reshape(1, -1, 1, 1)
+        output, columns = _convolve(padded, weight, stride, dilation, groups, bias)
         self.settings = (stride, padding, dilation, groups)
         self.input_shape = x.shape
         self.has_bias = bias is not None
@@ -241,16 +271,16 @@ class Conv2d(Function):
         columns, weight = self.saved
         stride, padding, dilation, groups = self.settings
         xp = backend.array_module(grad)
-        batch, out_channels = grad.shape[:2]
-        grouped_grad = grad.reshape(batch, groups, out_channels // groups, -1)
+        out_channels = grad.shape[1]
+        # (N, O, OH, OW) -> (g, O/g, N*L): the batch side by side, as in the columns.
+        grouped_grad = xp.ascontiguousarray(xp.swapaxes(grad, 0, 1)).reshape(
+            groups, out_channels // groups, -1
+        )
         grad_x = grad_weight = grad_bias = None
         if self.needs_input_grad[1]:
-            # columns (K, L) @ grad^T (L, O) per sample: OpenBLAS runs this orientation (the
-            # long output side first) up to 2x faster than grad @ columns^T on these shapes.
-            per_sample = xp.matmul(columns, xp.swapaxes(grouped_grad, -1, -2))
-            grad_weight = xp.swapaxes(per_sample.sum(axis=0), -1, -2).reshape(weight.shape)
+            grad_weight = _weight_gradient(columns, grouped_grad).reshape(weight.shape)
         if self.has_bias and self.needs_input_grad[2]:
-            grad_bias = grad.sum(axis=(0, 2, 3))
+            grad_bias = grouped_grad.sum(axis=-1).reshape(out_channels)
         if self.needs_input_grad[0]:
             if self._transposed_conv_is_cheaper(grad.shape):
                 grad_x = self._input_grad_by_transposed_conv(grad, weight)
@@ -295,7 +325,7 @@ class Conv2d(Function):
         return grad_x
 
     def _input_grad_by_col2im(self, grouped_grad, weight, grad_shape):
-        """dx = weight^T @ grad per sample, then added back window by window (col2im)."""
+        """dx = weight^T @ grad (one GEMM per group), added back window by window (col2im)."""
         stride, padding, dilation, groups = self.settings
         xp = backend.array_module(weight)
         batch, in_channels, height, width = self.input_shape
@@ -303,12 +333,16 @@ class Conv2d(Function):
         out_hw = grad_shape[2:]
         grouped_weight_t = xp.swapaxes(weight.reshape(groups, out_channels // groups, -1), 1, 2)
         grad_columns = xp.matmul(grouped_weight_t, grouped_grad).reshape(
-            batch, in_channels, kernel_h, kernel_w, out_hw[0], out_hw[1]
+            in_channels, kernel_h, kernel_w, batch, out_hw[0], out_hw[1]
         )
         padded_h, padded_w = height + 2 * padding[0], width + 2 * padding[1]
-        grad_padded = xp.zeros((batch, in_channels, padded_h, padded_w), dtype=weight.dtype)
+        # Summed channel-major, like the columns, so each add reads a contiguous block
+        # (1.4x faster on LeNet's second layer); one transpose copy gives NCHW at the end.
+        grad_padded = xp.zeros((in_channels, batch, padded_h, padded_w), dtype=weight.dtype)
         for row in range(kernel_h):
             for col in range(kernel_w):
                 rows, cols = offset_slices((row * dilation[0], col * dilation[1]), stride, out_hw)
-                grad_padded[:, :, rows, cols] += grad_columns[:, :, row, col]
-        return grad_padded[:, :, padding[0] : padding[0] + height, padding[1] : padding[1] + width]
+                grad_padded[:, :, rows, cols] += grad_columns[:, row, col]
+        rows = slice(padding[0], padding[0] + height)
+        cols = slice(padding[1], padding[1] + width)
+        return xp.ascontiguousarray(xp.swapaxes(grad_padded[:, :, rows, cols], 0, 1))
