@@ -315,3 +315,43 @@ def test_layer_on_cuda_matches_cpu(make_ours, make_theirs, specs):
         np.testing.assert_allclose(
             cuda_tensor.grad.numpy(), cpu_tensor.grad.numpy(), rtol=1e-10, atol=1e-12
         )
+
+
+# --- Dropout in training mode ----------------------------------------------------------------
+# The table above covers Dropout in evaluation and with p=0. In training its mask is random,
+# so it cannot share the table: finite differences need the same mask on every call, and
+# PyTorch draws its masks from its own generator.
+def test_dropout_in_training_gradient_matches_finite_differences():
+    x = Tensor(np.random.default_rng(0).standard_normal((4, 6)), requires_grad=True, dtype=F64)
+
+    def run(a):
+        # A fresh layer with a fixed seed draws the same mask on every call.
+        return nn.Dropout(0.4, seed=5)(a)
+
+    assert gradcheck(run, [x])
+
+
+def test_dropout_in_training_scales_and_masks_like_pytorch(torch):
+    """Output and input gradient follow PyTorch's rule given each library's own mask:
+    kept elements scaled by 1/(1-p) forward and backward, dropped ones zero, about p dropped."""
+    p = 0.3
+    values = 1.0 + np.random.default_rng(0).random((200, 50))  # no zeros: a zero marks a drop
+    upstream = np.random.default_rng(1).standard_normal(values.shape)
+
+    ours = Tensor(values, requires_grad=True, dtype=F64)
+    our_output = nn.Dropout(p, seed=0)(ours)
+    our_output.backward(upstream)
+    theirs = torch.tensor(values, requires_grad=True)
+    torch.manual_seed(0)
+    their_output = torch.nn.Dropout(p).train()(theirs)
+    their_output.backward(torch.from_numpy(upstream))
+
+    results = [
+        (our_output.numpy(), ours.grad.numpy()),
+        (their_output.detach().numpy(), theirs.grad.numpy()),
+    ]
+    for output, gradient in results:
+        kept = output != 0
+        np.testing.assert_allclose(output, np.where(kept, values / (1 - p), 0.0), rtol=1e-12)
+        np.testing.assert_allclose(gradient, np.where(kept, upstream / (1 - p), 0.0), rtol=1e-12)
+        assert abs((~kept).mean() - p) < 0.02

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from bigdl_py.autograd import Tensor, gradcheck, ops
-from bigdl_py.autograd.ops.conv import Conv2d
+from bigdl_py.autograd.ops.conv import Conv2d, _weight_gradient
 
 # (id, input shape, weight shape, settings)
 CONV_CASES = [
@@ -46,6 +46,19 @@ def test_both_input_gradient_routes_agree_with_finite_differences(
     monkeypatch.setattr(Conv2d, "_transposed_conv_is_cheaper", lambda self, shape: transposed)
     x, weight = make_tensor(2, 4, 5, 5), make_tensor(4, 2 if "groups" in settings else 4, 3, 3)
     assert gradcheck(lambda a, w: ops.conv2d(a, w, **settings), [x, weight])
+
+
+@pytest.mark.parametrize(
+    "groups, rows, out_per_group", [(1, 27, 32), (1, 288, 32), (2, 6, 3), (3, 2, 5)]
+)
+def test_weight_gradient_is_grad_times_columns_transposed_in_either_orientation(
+    rng, groups, rows, out_per_group
+):
+    # Both orientations (taller side as rows) must give grad @ columns^T per group.
+    columns = rng.standard_normal((groups, rows, 40))
+    grad = rng.standard_normal((groups, out_per_group, 40))
+    expected = np.einsum("gol,gkl->gok", grad, columns)
+    np.testing.assert_allclose(_weight_gradient(columns, grad), expected, rtol=1e-12, atol=1e-12)
 
 
 def test_conv2d_without_bias_and_without_input_gradient(make_tensor):
