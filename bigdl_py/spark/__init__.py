@@ -7,6 +7,8 @@
 - :mod:`bigdl_py.spark.collectives` — broadcast, reduce, all_reduce, reduce_scatter,
   all_gather, scatter, gather and barrier over the partitions of an RDD.
 - :mod:`bigdl_py.spark.wire` — how array slices travel through a shuffle (fp16/bf16 option).
+- :mod:`bigdl_py.spark.distri_trainer` — ``DistriTrainer``: custom training steps (several
+  models, one OptimMethod each, e.g. a GAN) on DistriOptimizer's machinery.
 - :mod:`bigdl_py.spark.ml` — Spark ML pipeline stages ``NNEstimator``, ``NNClassifier``,
   ``NNModel`` and ``NNClassifierModel`` (importable from here too).
 
@@ -26,10 +28,18 @@ from bigdl_py.spark.session import (
 )
 from bigdl_py.spark.worker import configure_worker_threads
 
-# Spark ML stages, imported on first use: pyspark.ml loads the JVM-facing ML modules.
-_ML_STAGES = ("NNClassifier", "NNClassifierModel", "NNEstimator", "NNModel")
+# Imported on first use: pyspark.ml loads the JVM-facing ML modules, and the trainer the
+# whole distributed training machinery.
+_LAZY = {
+    "NNClassifier": "bigdl_py.spark.ml",
+    "NNClassifierModel": "bigdl_py.spark.ml",
+    "NNEstimator": "bigdl_py.spark.ml",
+    "NNModel": "bigdl_py.spark.ml",
+    "DistriTrainer": "bigdl_py.spark.distri_trainer",
+}
 
 __all__ = [
+    "DistriTrainer",
     "NNClassifier",
     "NNClassifierModel",
     "NNEstimator",
@@ -45,9 +55,9 @@ __all__ = [
 
 
 def __getattr__(name: str):
-    """Import the Spark ML stages from ``bigdl_py.spark.ml`` when first asked for."""
-    if name in _ML_STAGES:
-        value = getattr(importlib.import_module("bigdl_py.spark.ml"), name)
+    """Import the Spark ML stages and the trainer when first asked for."""
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
         globals()[name] = value
         return value
     raise AttributeError(f"module 'bigdl_py.spark' has no attribute {name!r}")

@@ -61,6 +61,52 @@ def _is_dataframe(data: Any) -> bool:
     )
 
 
+def training_rdd(
+    data, sc, num_partitions, feature_cols="features", label_col="label", feature_shape=None
+):
+    """The training data as an RDD, and the broadcasts it reads (to destroy at the end).
+
+    RDDs come as they are, DataFrames are read through Arrow into one MiniBatch per
+    partition, and arrays are cut into ``num_partitions`` contiguous blocks, each shipped
+    as a broadcast of its own behind a one-partition RDD. (``sc.parallelize(blocks)`` would
+    keep each block inside its partition object, and Spark serialises that object into
+    every task that reads the cached data: the whole block, every iteration.)
+    """
+    if _is_rdd(data):
+        return data, []
+    if _is_dataframe(data):
+        from bigdl_py.spark.dataframe import dataframe_to_partition_arrays
+
+        if data.rdd.getNumPartitions() != num_partitions:
+            # Rows, not whole partition blocks, must be spread over the partitions.
+            data = data.repartition(num_partitions)
+
+        blocks = dataframe_to_partition_arrays(data, feature_cols, label_col, feature_shape)
+        return blocks.map(lambda block: MiniBatch(block[0], block[1])), []
+    if isinstance(data, tuple) and len(data) == 2:
+        data = ArrayDataset(data[0], data[1])
+    if isinstance(data, ArrayDataset):
+        features, labels = data.features, data.labels
+        size = len(data)
+        if size < num_partitions:
+            raise ValueError(
+                f"the training data has {size} samples, fewer than the {num_partitions} "
+                "partitions; use fewer partitions (num_partitions=)"
+            )
+        blocks = [
+            MiniBatch(tuple(np.asarray(f[start:stop]) for f in features), labels[start:stop])
+            for start, stop in split_bounds(size, num_partitions)
+        ]
+        broadcasts = [sc.broadcast(block) for block in blocks]
+        parts = [sc.parallelize([0], 1).map(lambda _, b=b: b.value) for b in broadcasts]
+        return sc.union(parts), broadcasts
+    raise TypeError(
+        "training_set must be a PySpark RDD (of Samples, (features, label) pairs or "
+        "MiniBatches), a DataFrame, an ArrayDataset or (features, labels) arrays; got "
+        f"{type(data).__name__}"
+    )
+
+
 class SparkTrainingSet:
     """The training data as the loop sees it: ``len()`` and every epoch's global batches.
 
@@ -366,7 +412,9 @@ class DistriOptimizer(BaseOptimizer):
             "label_col": label_col,
             "feature_shape": feature_shape,
         }
-        rdd = self._as_rdd(training_set, sc, num_partitions, feature_cols, label_col, feature_shape)
+        rdd, sources = training_rdd(
+            training_set, sc, num_partitions, feature_cols, label_col, feature_shape
+        )
         super().__init__(
             model,
             None,
@@ -384,47 +432,13 @@ class DistriOptimizer(BaseOptimizer):
             skip_nonfinite_batches=skip_nonfinite_batches,
             progress=progress,
         )
-        self.data = PartitionedData(sc, rdd, num_partitions)
+        self.data = PartitionedData(sc, rdd, num_partitions, sources=sources)
         try:
             self.training_set = SparkTrainingSet(self.data, self.batch_size, seed, shuffle)
         except ValueError:
             self.data.close()
             raise
         self.num_partitions = num_partitions
-
-    @staticmethod
-    def _as_rdd(data, sc, num_partitions, feature_cols, label_col, feature_shape):
-        if _is_rdd(data):
-            return data
-        if _is_dataframe(data):
-            from bigdl_py.spark.dataframe import dataframe_to_partition_arrays
-
-            if data.rdd.getNumPartitions() != num_partitions:
-                # Rows, not whole partition blocks, must be spread over the partitions.
-                data = data.repartition(num_partitions)
-
-            blocks = dataframe_to_partition_arrays(data, feature_cols, label_col, feature_shape)
-            return blocks.map(lambda block: MiniBatch(block[0], block[1]))
-        if isinstance(data, tuple) and len(data) == 2:
-            data = ArrayDataset(data[0], data[1])
-        if isinstance(data, ArrayDataset):
-            features, labels = data.features, data.labels
-            size = len(data)
-            if size < num_partitions:
-                raise ValueError(
-                    f"the training data has {size} samples, fewer than the {num_partitions} "
-                    "partitions; use fewer partitions (num_partitions=)"
-                )
-            blocks = [
-                MiniBatch(tuple(np.asarray(f[start:stop]) for f in features), labels[start:stop])
-                for start, stop in split_bounds(size, num_partitions)
-            ]
-            return sc.parallelize(blocks, num_partitions)
-        raise TypeError(
-            "training_set must be a PySpark RDD (of Samples, (features, label) pairs or "
-            "MiniBatches), a DataFrame, an ArrayDataset or (features, labels) arrays; got "
-            f"{type(data).__name__}"
-        )
 
     def _check_batch_size(self, batch_size: Any) -> int:
         if batch_size is None:

@@ -138,8 +138,13 @@ class PartitionedData:
         partitions, NaN/Inf features, ragged shapes.
     """
 
-    def __init__(self, sc, rdd, num_partitions: int, state_dir: str | None = None):
+    def __init__(
+        self, sc, rdd, num_partitions: int, state_dir: str | None = None, sources: list = ()
+    ):
         self.sc = sc
+        # Broadcasts ``rdd`` reads from: kept while the data lives (an executor lost later
+        # rebuilds its partitions from them), destroyed by close().
+        self.sources = list(sources)
         self.num_partitions = int(num_partitions)
         self.data_id = "data-" + uuid.uuid4().hex[:12]
         self.state_dir = state_dir or tasks.default_state_dir()
@@ -184,6 +189,9 @@ class PartitionedData:
         """Unpersist the handles and delete the data files on every executor and here."""
         self.handles.unpersist()
         _remove_run_everywhere(self.sc, self.state_dir, self.data_id, self.num_partitions)
+        for broadcast in self.sources:
+            broadcast.destroy()
+        self.sources = []
 
 
 def _remove_run_everywhere(sc, state_dir: str, run_id: str, count: int) -> None:
@@ -272,9 +280,10 @@ class SparkTrainingRun:
         self.owner_rdd = self.sc.parallelize(range(self.num_partitions), self.num_partitions)
 
     # --- shipping -----------------------------------------------------------------------
-    def _ship_weights(self):
-        """A zero-argument function that returns the weights on the executor."""
-        weights = self.weights
+    def _ship_weights(self, weights: np.ndarray | None = None):
+        """A zero-argument function that returns ``weights`` (default: the run's weights)
+        on the executor: in the task closure when small, else by a one-iteration broadcast."""
+        weights = self.weights if weights is None else weights
         if weights.nbytes <= CLOSURE_WEIGHTS_LIMIT_BYTES:
             return lambda: weights
         broadcast = self.sc.broadcast(weights)
@@ -291,16 +300,27 @@ class SparkTrainingRun:
 
     # --- one iteration ------------------------------------------------------------------
     def run_iteration(
-        self, iteration: int, local_indices: list, schedule: dict, description: str
+        self,
+        iteration: int,
+        local_indices: list,
+        schedule: dict,
+        description: str,
+        frozen_weights: np.ndarray | None = None,
     ) -> dict[str, Any]:
         """Run global iteration ``iteration`` (0-based) on the shares ``local_indices``.
 
         The weights advance in place unless the loss was not finite (then every shard
-        skips its update and ``finite`` is False in the result).
+        skips its update and ``finite`` is False in the result). ``frozen_weights`` are the
+        values of the parameters outside ``spec.trainable``, when the run trains a part.
         """
         load_spec = self._spec_loader()
         num_partitions = self.num_partitions
         get_weights = self._ship_weights()
+        get_frozen = (
+            self._ship_weights(np.asarray(frozen_weights, dtype=np.float32))
+            if frozen_weights is not None
+            else (lambda: None)
+        )
         bounds = self.slice_bounds
         initial_states = self.initial_optim_states
         two_phase = self.spec.l2_clipping is not None
@@ -320,6 +340,7 @@ class SparkTrainingRun:
                 spec.batch_size,
                 iteration,
                 spec.gradient_accumulation,
+                get_frozen(),
             )
             buffers = replica.buffers() if partition == 0 and replica.buffer_names else None
             seconds = time.perf_counter() - started

@@ -60,6 +60,12 @@ class RunSpec:
     gradient_accumulation: int = 1
     device: str = "cpu"  # "cpu", "gpu" or "auto" (bigdl_py.spark.gpu.task_device)
     extras: dict = field(default_factory=dict)
+    # Custom training steps (bigdl_py.spark.distri_trainer): the dotted name of the submodule
+    # whose parameters this run trains (None: the whole model; the others are frozen and
+    # shipped every iteration), the step function and its random stream.
+    trainable: str | None = None
+    training_step: Any = None  # training_step(model, StepBatch) -> mean loss Tensor
+    stream: int = 0
 
 
 def run_directory(state_dir: str, run_id: str) -> str:
@@ -133,7 +139,16 @@ class Replica:
             self.device = bind_task_device(spec.device)
             self.model.to(self.device)
         self.model.train()
-        self.flat = FlatParameters(self.model)
+        self.trained_module = trained_submodule(self.model, spec.trainable)
+        self.flat = FlatParameters(self.trained_module)
+        trained = {id(parameter) for parameter in self.trained_module.parameters()}
+        # Frozen parameters take their values from the driver every iteration and get no
+        # gradient: backward stops at them instead of filling buffers nobody reads.
+        self.frozen = [p for p in self.model.parameters() if id(p) not in trained]
+        for parameter in self.frozen:
+            parameter.requires_grad_(False)
+        self.training_step = spec.training_step
+        self.stream = spec.stream
         if self.flat.size != spec.flat_size:
             raise RuntimeError(
                 f"replica has {self.flat.size} parameters but the run expects {spec.flat_size}"
@@ -156,10 +171,69 @@ class Replica:
                     stream = [self.seed, self.partition, iteration, index]
                     setattr(module, attribute, np.random.default_rng(stream))
 
+    def load_frozen(self, frozen_weights: np.ndarray | None) -> None:
+        """Copy the frozen parameters' values (in ``named_parameters`` order) into place."""
+        if not self.frozen:
+            return
+        if frozen_weights is None:
+            raise RuntimeError("this run has frozen parameters but no frozen weights came")
+        offset = 0
+        for parameter in self.frozen:
+            size = int(np.prod(parameter.shape))
+            values = np.asarray(frozen_weights[offset : offset + size]).reshape(parameter.shape)
+            parameter.data[...] = backend.to_device(values, self.device)
+            offset += size
+        if offset != len(frozen_weights):
+            raise RuntimeError(
+                f"{len(frozen_weights)} frozen weights came for {offset} frozen parameters"
+            )
+
+    def step_batch(self, inputs: list, labels, iteration: int, piece: int) -> StepBatch:
+        """What a custom training step sees: the piece's data and a random stream fixed by
+        (seed, partition, iteration, step stream, piece), so retries repeat it exactly."""
+        rng = np.random.default_rng([self.seed, self.partition, iteration, self.stream, piece])
+        return StepBatch(inputs, labels, rng, self.device, self.partition, iteration)
+
     def buffers(self) -> dict[str, np.ndarray]:
         """Running statistics (BatchNorm) by dotted name, as host arrays."""
         state = self.model.state_dict()
         return {name: np.asarray(backend.as_numpy(state[name])) for name in self.buffer_names}
+
+
+def trained_submodule(model: Any, trainable: str | None) -> Any:
+    """``model`` itself, or its submodule named ``trainable`` (dotted, as in
+    ``named_modules``); a clear error naming the choices otherwise."""
+    if trainable is None:
+        return model
+    modules = dict(model.named_modules())
+    if trainable not in modules or trainable == "":
+        names = sorted(name for name in modules if name)
+        raise ValueError(f"the model has no submodule {trainable!r}; its submodules: {names}")
+    return modules[trainable]
+
+
+@dataclass
+class StepBatch:
+    """One piece of a partition's share, as a custom training step receives it.
+
+    ``inputs`` are Tensors on the replica's device, ``labels`` an array there; ``rng`` is a
+    NumPy Generator for the step's own randomness (a GAN's noise); ``normal`` draws from it
+    straight to a Tensor on the device.
+    """
+
+    inputs: list
+    labels: Any
+    rng: np.random.Generator
+    device: Any
+    partition: int
+    iteration: int
+
+    def __len__(self) -> int:
+        return int(len(self.labels))
+
+    def normal(self, *shape: int) -> Tensor:
+        values = self.rng.standard_normal(shape).astype(np.float32)
+        return Tensor(backend.to_device(values, self.device), _copy=False)
 
 
 def forward_backward(
@@ -169,6 +243,7 @@ def forward_backward(
     batch_size: int,
     iteration: int,
     micro_batches: int = 1,
+    frozen_weights: np.ndarray | None = None,
 ) -> tuple[np.ndarray, float, int]:
     """Load ``weights``, run the share ``local_indices`` forward and backward.
 
@@ -179,11 +254,13 @@ def forward_backward(
     the same gradient, with the activations of one piece in memory at a time.
     """
     replica.flat.load(weights)  # moved to the replica's device by FlatParameters
+    replica.load_frozen(frozen_weights)
     replica.flat.zero_grad()
     replica.reseed(iteration)
     count = len(local_indices)
     loss_sum = 0.0
-    for piece in np.array_split(np.asarray(local_indices), max(1, micro_batches)):
+    pieces = np.array_split(np.asarray(local_indices), max(1, micro_batches))
+    for piece_number, piece in enumerate(pieces):
         if len(piece) == 0:
             continue
         inputs = [
@@ -192,8 +269,11 @@ def forward_backward(
         ]
         labels = backend.to_device(np.asarray(replica.labels[piece]), replica.device)
         try:
-            output = replica.model(*inputs)
-            loss = replica.criterion(output, labels)
+            if replica.training_step is not None:
+                batch = replica.step_batch(inputs, labels, iteration, piece_number)
+                loss = replica.training_step(replica.model, batch)
+            else:
+                loss = replica.criterion(replica.model(*inputs), labels)
         except (ValueError, TypeError, IndexError) as error:
             shapes = [tuple(array.shape[1:]) for array in replica.features]
             raise ValueError(
