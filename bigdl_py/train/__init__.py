@@ -25,7 +25,7 @@ from bigdl_py.train.metrics import (
     ValidationResult,
 )
 from bigdl_py.train.optimizer import LocalOptimizer, Optimizer
-from bigdl_py.train.plots import plot_curves
+from bigdl_py.train.plots import plot_curves, save_image_grid
 from bigdl_py.train.progress import Progress
 from bigdl_py.train.runner import IterationResult, IterationRunner, LocalRunner, TrainingSetup
 from bigdl_py.train.summary import Summary, TrainSummary, ValidationSummary, read_scalars
@@ -79,6 +79,7 @@ __all__ = [
     "list_checkpoints",
     "load_checkpoint",
     "plot_curves",
+    "save_image_grid",
     "read_scalars",
     "training_batch",
     "validation_batches",

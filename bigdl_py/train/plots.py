@@ -103,3 +103,38 @@ def plot_curves(
     path = os.fspath(path)
     figure.savefig(path, format="png", dpi=100)
     return path
+
+
+def save_image_grid(
+    images: Any, path: str | os.PathLike, columns: int = 8, value_range: tuple = (-1.0, 1.0)
+) -> str:
+    """Tile grey images ``(N, 1, H, W)`` or ``(N, H, W)`` into one PNG, ``columns`` a row.
+
+    Values are mapped from ``value_range`` to black..white (clipped). The file is written
+    to a temporary name and renamed, so a reader never sees half a picture.
+    """
+    import numpy as np
+    from matplotlib.image import imsave
+
+    images = np.asarray(images, dtype=np.float32)
+    if images.ndim == 4 and images.shape[1] == 1:
+        images = images[:, 0]
+    if images.ndim != 3 or len(images) == 0:
+        raise ValueError(
+            f"save_image_grid wants grey images (N, H, W) or (N, 1, H, W), got {images.shape}"
+        )
+    low, high = value_range
+    images = np.clip((images - low) / (high - low), 0.0, 1.0)
+    count, height, width = images.shape
+    rows = -(-count // columns)
+    grid = np.ones((rows * (height + 2) + 2, columns * (width + 2) + 2), dtype=np.float32)
+    for index, image in enumerate(images):
+        top = 2 + (index // columns) * (height + 2)
+        left = 2 + (index % columns) * (width + 2)
+        grid[top : top + height, left : left + width] = image
+    path = os.fspath(path)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    temporary = f"{path}.tmp-{os.getpid()}.png"
+    imsave(temporary, grid, cmap="gray", vmin=0.0, vmax=1.0)
+    os.replace(temporary, path)
+    return path

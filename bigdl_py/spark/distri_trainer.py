@@ -1,0 +1,264 @@
+"""``DistriTrainer``: custom training steps on Spark, for models that one loss does not train.
+
+``DistriOptimizer`` is BigDL's loop: one model, one criterion, one OptimMethod. A GAN needs
+more: two networks, each trained by its own loss (which runs the other network) and its own
+optimizer, in alternation. ``DistriTrainer`` gives that on the same machinery, step by step:
+
+* the training data is cut into partitions and cached on the executors once
+  (``PartitionedData``), shared by every step;
+* each *step* names a part of the model (``trainable``: a submodule, or all of it), a
+  ``training_step(model, batch) -> mean loss`` function and an OptimMethod. It is a
+  ``SparkTrainingRun`` of its own: replicas next to the partitions, the gradient of its part
+  reduce-scattered through Spark's shuffle, its optimizer state sharded over the owners;
+* the driver keeps every parameter's current value and ships each step the values of the
+  parts it does not train (frozen in its replicas: no gradient is computed for them).
+
+So one call of :meth:`DistriTrainer.run_step` is one Spark job (forward-backward + update)
+over the global batch, exactly as a ``DistriOptimizer`` iteration is, and the caller writes
+the loop: which step, how often, what to log. Synchronous SGD this way is the same
+mathematics as running the steps one after the other in one process on the global batch.
+"""
+
+from __future__ import annotations
+
+import copy
+import uuid
+import zlib
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from bigdl_py.nn.module import Module
+from bigdl_py.optim import OptimMethod
+from bigdl_py.spark import distri_optimizer_tasks as tasks
+from bigdl_py.spark.batch_plan import PartitionedBatchPlan
+from bigdl_py.spark.distri_optimizer import training_rdd
+from bigdl_py.spark.distri_optimizer_run import PartitionedData, SparkTrainingRun
+from bigdl_py.spark.distri_optimizer_tasks import StepBatch, trained_submodule
+
+__all__ = ["DistriTrainer", "StepBatch"]
+
+
+class _Step:
+    """One named step: which parameters it trains, and its Spark run once started."""
+
+    def __init__(self, name: str, spec: tasks.RunSpec, names: list[str]):
+        self.name = name
+        self.spec = spec
+        self.parameter_names = names  # the trained parameters, in the run's flat order
+        self.run: SparkTrainingRun | None = None
+        self.iterations = 0
+
+
+class DistriTrainer:
+    """Train parts of ``model`` on Spark with custom steps and one OptimMethod per step.
+
+    Parameters
+    ----------
+    model : Module
+        Every network the steps use, as children of one module (a GAN: ``generator`` and
+        ``discriminator``). Its weights on the driver are the starting point;
+        :meth:`sync_model` writes the trained ones back.
+    training_set
+        As for ``DistriOptimizer``: an RDD (Samples, ``(features, label)`` pairs or
+        MiniBatches), a DataFrame (with ``feature_cols``, ``label_col``, ``feature_shape``)
+        or ``(features, labels)`` arrays.
+    batch_size : int
+        The global batch of one step, split over the partitions.
+    num_partitions, feature_cols, label_col, feature_shape, wire_dtype, seed, shuffle, device,
+    spark
+        As for ``DistriOptimizer``.
+
+    Examples
+    --------
+    >>> trainer = DistriTrainer(gan, (images, labels), batch_size=128, num_partitions=2)
+    >>> trainer.add_step("discriminator", discriminator_loss, Adam(2e-4, betas=(0.5, 0.999)),
+    ...                  trainable="discriminator")
+    >>> trainer.add_step("generator", generator_loss, Adam(2e-4, betas=(0.5, 0.999)),
+    ...                  trainable="generator")
+    >>> for epoch in range(epochs):
+    ...     for batch in range(trainer.batches_per_epoch):
+    ...         d_loss = trainer.run_step("discriminator", epoch, batch)["loss"]
+    ...         g_loss = trainer.run_step("generator", epoch, batch)["loss"]
+    >>> trainer.sync_model(); trainer.close()
+    """
+
+    def __init__(
+        self,
+        model: Module,
+        training_set: Any,
+        batch_size: int,
+        *,
+        num_partitions: int | None = None,
+        feature_cols: Any = "features",
+        label_col: str = "label",
+        feature_shape: Any = None,
+        wire_dtype: str | None = None,
+        seed: int = 0,
+        shuffle: bool = True,
+        device: str = "cpu",
+        spark: Any = None,
+    ):
+        from bigdl_py.spark import wire
+        from bigdl_py.spark.gpu import check_device_request
+        from bigdl_py.spark.session import get_spark, task_slots
+
+        if not isinstance(model, Module):
+            raise TypeError(f"model must be a bigdl_py.nn.Module, got {type(model).__name__}")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        self.wire_dtype = wire.check_wire_dtype(wire_dtype)
+        self.device = check_device_request(device)
+        spark = spark or get_spark()
+        sc = spark.sparkContext
+        num_partitions = task_slots(sc) if num_partitions is None else num_partitions
+        if isinstance(num_partitions, bool) or int(num_partitions) < 1:
+            raise ValueError(f"num_partitions must be a positive integer, got {num_partitions!r}")
+        if batch_size < int(num_partitions):
+            raise ValueError(
+                f"batch_size {batch_size} is smaller than num_partitions {num_partitions}: "
+                "every partition needs at least one sample per step"
+            )
+        self.model = model
+        self.batch_size = batch_size
+        self.seed = int(seed)
+        rdd, sources = training_rdd(
+            training_set, sc, int(num_partitions), feature_cols, label_col, feature_shape
+        )
+        self.data = PartitionedData(sc, rdd, int(num_partitions), sources=sources)
+        try:
+            self.plan = PartitionedBatchPlan(
+                self.data.sizes, batch_size, seed=seed, shuffle=shuffle
+            )
+        except ValueError:
+            self.data.close()
+            raise
+        # The driver's copy of every parameter, by name: the source of frozen weights.
+        self.values = {
+            name: np.array(parameter.numpy(), dtype=np.float32)
+            for name, parameter in model.named_parameters()
+        }
+        self.buffers: dict[str, np.ndarray] = {}
+        self.steps: dict[str, _Step] = {}
+
+    @property
+    def num_partitions(self) -> int:
+        return self.data.num_partitions
+
+    @property
+    def batches_per_epoch(self) -> int:
+        return self.plan.iterations_per_epoch
+
+    def add_step(
+        self,
+        name: str,
+        training_step: Callable[[Module, StepBatch], Any],
+        optim_method: OptimMethod,
+        trainable: str | None = None,
+    ) -> DistriTrainer:
+        """Declare a step: ``training_step(model, batch)`` returns the mean loss of the
+        batch's samples (a scalar Tensor) and may use ``batch.rng`` / ``batch.normal`` for
+        its own randomness; ``optim_method`` updates the parameters of the submodule named
+        ``trainable`` (dotted, as in ``named_modules``; None: the whole model)."""
+        if name in self.steps:
+            raise ValueError(f"a step named {name!r} exists already")
+        if not callable(training_step):
+            raise TypeError(f"training_step of step {name!r} must be callable")
+        if not isinstance(optim_method, OptimMethod):
+            raise TypeError(
+                f"optim_method of step {name!r} must be an OptimMethod, got "
+                f"{type(optim_method).__name__}"
+            )
+        module = trained_submodule(self.model, trainable)
+        prefix = "" if trainable is None else trainable + "."
+        names = [prefix + local for local, _ in module.named_parameters()]
+        if not names:
+            raise ValueError(f"step {name!r}: submodule {trainable!r} has no parameters")
+        spec = tasks.RunSpec(
+            run_id=f"{name}-{uuid.uuid4().hex[:12]}",
+            model=self.model,
+            criterion=None,
+            optim_method=copy.deepcopy(optim_method),
+            num_partitions=self.num_partitions,
+            flat_size=int(sum(self.values[n].size for n in names)),
+            batch_size=self.batch_size,
+            state_dir=self.data.state_dir,
+            seed=self.seed,
+            wire_dtype=self.wire_dtype,
+            device=self.device,
+            trainable=trainable,
+            training_step=training_step,
+            stream=zlib.crc32(name.encode()),
+        )
+        self.steps[name] = _Step(name, spec, names)
+        return self
+
+    def _step(self, name: str) -> _Step:
+        if name not in self.steps:
+            raise KeyError(f"no step named {name!r}; the steps are {sorted(self.steps)}")
+        return self.steps[name]
+
+    def _frozen_weights(self, step: _Step) -> np.ndarray | None:
+        trained = set(step.parameter_names)
+        frozen = [values.ravel() for n, values in self.values.items() if n not in trained]
+        return np.concatenate(frozen) if frozen else None
+
+    def run_step(self, name: str, epoch: int, batch: int) -> dict[str, Any]:
+        """One synchronous step ``name`` on global batch ``batch`` of ``epoch`` (one Spark
+        job); returns ``{"loss", "count", "finite"}``. A non-finite loss leaves the weights
+        and the optimizer state as they were."""
+        step = self._step(name)
+        if not 0 <= batch < self.batches_per_epoch:
+            raise ValueError(f"batch must be in [0, {self.batches_per_epoch}), got {batch}")
+        if step.run is None:
+            weights = np.concatenate([self.values[n].ravel() for n in step.parameter_names])
+            step.run = SparkTrainingRun(self.data, step.spec, weights)
+        plan_iteration = epoch * self.batches_per_epoch + batch
+        local_indices = [
+            self.plan.local_indices(partition, plan_iteration)
+            for partition in range(self.num_partitions)
+        ]
+        result = step.run.run_iteration(
+            step.iterations,
+            local_indices,
+            {"iteration": step.iterations, "epoch": epoch},
+            f"bigdl_py step {name} {step.iterations + 1}",
+            frozen_weights=self._frozen_weights(step),
+        )
+        step.iterations += 1
+        offset = 0
+        for parameter_name in step.parameter_names:
+            values = self.values[parameter_name]
+            values[...] = step.run.weights[offset : offset + values.size].reshape(values.shape)
+            offset += values.size
+        if step.run.buffers:
+            self.buffers.update(step.run.buffers)
+        return result
+
+    def last_timings(self, name: str) -> dict[str, float]:
+        """The last iteration's breakdown of step ``name`` (as DistriOptimizer's)."""
+        run = self._step(name).run
+        return dict(run.last_timings) if run is not None else {}
+
+    def sync_model(self) -> Module:
+        """Write the trained weights (and partition 0's buffers) into ``model``."""
+        state = dict(self.model.state_dict())
+        state.update(self.values)
+        state.update(self.buffers)
+        self.model.load_state_dict(state)
+        return self.model
+
+    def close(self) -> None:
+        """End every step's run and delete the cached data on the executors."""
+        for step in self.steps.values():
+            if step.run is not None:
+                step.run.close()
+                step.run = None
+        self.data.close()
+
+    def __enter__(self) -> DistriTrainer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
