@@ -76,7 +76,10 @@ def run_directory(state_dir: str, run_id: str) -> str:
 
 
 def default_state_dir() -> str:
-    return os.environ.get("BIGDL_PY_STATE_DIR") or os.path.join(tempfile.gettempdir(), "bigdl_py")
+    # Not ".../bigdl_py": a directory of the package's own name in the temp directory would
+    # shadow the package (as a namespace package) for anyone whose working directory it is.
+    default = os.path.join(tempfile.gettempdir(), "bigdl_py-state")
+    return os.environ.get("BIGDL_PY_STATE_DIR") or default
 
 
 def save_npy_atomically(path: str, array: np.ndarray) -> None:
