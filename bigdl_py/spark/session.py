@@ -44,6 +44,10 @@ RECOMMENDED_CONF: dict[str, str] = {
     # Training runs a job per iteration: Spark's console stage bar would redraw over our own
     # progress bar hundreds of times per epoch.
     "spark.ui.showConsoleProgress": "false",
+    # Each iteration's shuffle files are deleted only once the driver JVM garbage-collects
+    # that iteration's RDDs, and its heap, mostly idle, can go 30 minutes (Spark's default)
+    # without a collection: over 1,000 iterations the files kept growing (bench/RESULTS.md).
+    "spark.cleaner.periodicGC.interval": "1min",
 }
 
 _PROPERTY_LINE = re.compile(r"^\s*([^\s=:]+)\s*[=:\s]\s*(.*?)\s*$")
