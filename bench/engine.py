@@ -1,0 +1,426 @@
+"""Time float32 training steps of bigdl_py against PyTorch on the CPU, and the training loop.
+
+Run by hand: ``python bench/engine.py [--repeats 15] [--threads 1 2] [--models lenet mlp cnn]``.
+
+Part 1, the engine. One step is forward, NLL loss, backward and an inline SGD-with-momentum
+update (``v = momentum * v + g; w -= lr * v``, one parameter array at a time) of:
+
+* LeNet-5: Conv(1->6,5)-Tanh-MaxPool2-Conv(6->12,5)-Tanh-MaxPool2-Linear(192->100)-Tanh-
+  Linear(100->10)-LogSoftmax, 1x28x28, batch 128;
+* MLP 784-512-512-10 with ReLU (and LogSoftmax for the NLL loss), batch 256;
+* CIFAR CNN: Conv(3->32,3,pad1)-ReLU-Conv(32->32,3,pad1)-ReLU-MaxPool2-Conv(32->64,3,pad1)-
+  ReLU-Conv(64->64,3,pad1)-ReLU-MaxPool2-Linear(4096->256)-ReLU-Linear(256->10), 3x32x32,
+  batch 64.
+
+Both frameworks build the same layers by the same names (``bigdl_py.nn`` follows PyTorch's),
+and PyTorch's model starts from bigdl_py's initial weights. The BLAS thread count is set
+with threadpoolctl (``bigdl_py.backend.blas_threads``) and ``torch.set_num_threads``. Steps
+of the two frameworks alternate (ours, theirs, ours, ...) so that load from other processes
+on a shared machine hits both alike; the table gives medians (and fastest runs) after
+warm-up, and the ratio bigdl_py / torch.
+
+Peak memory is the most memory allocated during one step above what was allocated when it
+began (parameters, gradients, velocities and the batch live between steps in both): for
+bigdl_py the peak of NumPy's allocations traced by ``tracemalloc`` (conv2d's cached im2col
+buffers are dropped first, so the step allocates and counts them); for PyTorch the peak of
+its CPU allocator's "Total Allocated" in a ``torch.profiler`` trace with
+``profile_memory=True``. Neither counts BLAS scratch space.
+
+Part 2, the training loop (``--loop-iterations``): LeNet-5 trained for one epoch by
+``bigdl_py.train.LocalOptimizer`` (SGD with momentum, ``progress=False``) against a bare
+loop over the same batches (same ``ArrayDataset`` shuffle, same flat parameters and
+``SGD`` OptimMethod, no triggers or bookkeeping). The loop's overhead is the median, over
+alternating runs, of LocalOptimizer's epoch time over the bare loop's, minus one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+import tracemalloc
+from collections.abc import Callable
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bigdl_py import backend, nn  # noqa: E402
+from bigdl_py.autograd import Tensor  # noqa: E402
+from bigdl_py.autograd.ops import conv  # noqa: E402
+from bigdl_py.data import ArrayDataset  # noqa: E402
+from bigdl_py.optim import SGD, FlatParameters  # noqa: E402
+
+LEARNING_RATE = 0.01
+MOMENTUM = 0.9
+
+# (layer class name, positional arguments, keyword arguments): the same in both libraries.
+LENET5 = [
+    ("Conv2d", (1, 6, 5), {}),
+    ("Tanh", (), {}),
+    ("MaxPool2d", (2,), {}),
+    ("Conv2d", (6, 12, 5), {}),
+    ("Tanh", (), {}),
+    ("MaxPool2d", (2,), {}),
+    ("Flatten", (), {}),
+    ("Linear", (192, 100), {}),
+    ("Tanh", (), {}),
+    ("Linear", (100, 10), {}),
+    ("LogSoftmax", (), {"dim": 1}),
+]
+MLP = [
+    ("Linear", (784, 512), {}),
+    ("ReLU", (), {}),
+    ("Linear", (512, 512), {}),
+    ("ReLU", (), {}),
+    ("Linear", (512, 10), {}),
+    ("LogSoftmax", (), {"dim": 1}),
+]
+CIFAR_CNN = [
+    ("Conv2d", (3, 32, 3), {"padding": 1}),
+    ("ReLU", (), {}),
+    ("Conv2d", (32, 32, 3), {"padding": 1}),
+    ("ReLU", (), {}),
+    ("MaxPool2d", (2,), {}),
+    ("Conv2d", (32, 64, 3), {"padding": 1}),
+    ("ReLU", (), {}),
+    ("Conv2d", (64, 64, 3), {"padding": 1}),
+    ("ReLU", (), {}),
+    ("MaxPool2d", (2,), {}),
+    ("Flatten", (), {}),
+    ("Linear", (4096, 256), {}),
+    ("ReLU", (), {}),
+    ("Linear", (256, 10), {}),
+    ("LogSoftmax", (), {"dim": 1}),
+]
+# key -> (name in the table, layers, batch input shape)
+MODELS = {
+    "lenet": ("LeNet-5", LENET5, (128, 1, 28, 28)),
+    "mlp": ("MLP", MLP, (256, 784)),
+    "cnn": ("CIFAR CNN", CIFAR_CNN, (64, 3, 32, 32)),
+}
+
+
+def build(library_nn, layers):
+    """``Sequential`` of ``layers`` from ``bigdl_py.nn`` or ``torch.nn``."""
+    return library_nn.Sequential(
+        *(getattr(library_nn, name)(*args, **kwargs) for name, args, kwargs in layers)
+    )
+
+
+# --- one training step ---------------------------------------------------------------------
+
+
+class BigdlStep:
+    """One bigdl_py training step on a fixed batch."""
+
+    def __init__(self, model, inputs: np.ndarray, labels: np.ndarray):
+        self.model = model
+        self.parameters = list(model.parameters())
+        self.criterion = nn.NLLLoss()
+        self.inputs = Tensor(inputs, _copy=False)
+        self.labels = labels
+        self.velocities = [np.zeros_like(p.data) for p in self.parameters]
+
+    def __call__(self) -> float:
+        self.model.zero_grad()
+        loss = self.criterion(self.model(self.inputs), self.labels)
+        loss.backward()
+        for parameter, velocity in zip(self.parameters, self.velocities, strict=True):
+            velocity *= MOMENTUM
+            velocity += parameter.grad.data
+            parameter.data -= LEARNING_RATE * velocity
+        return loss.item()
+
+
+class TorchStep:
+    """The same step in PyTorch, starting from the bigdl_py model's weights."""
+
+    def __init__(self, torch, layers, bigdl_model, inputs: np.ndarray, labels: np.ndarray):
+        self.torch = torch
+        self.model = build(torch.nn, layers)
+        state = {name: torch.from_numpy(array) for name, array in bigdl_model.state_dict().items()}
+        self.model.load_state_dict(state, strict=True)
+        self.parameters = list(self.model.parameters())
+        self.velocities = [torch.zeros_like(p) for p in self.parameters]
+        self.inputs = torch.from_numpy(inputs)
+        self.labels = torch.from_numpy(labels)
+
+    def __call__(self) -> float:
+        torch = self.torch
+        self.model.zero_grad(set_to_none=False)
+        loss = torch.nn.functional.nll_loss(self.model(self.inputs), self.labels)
+        loss.backward()
+        with torch.no_grad():
+            for parameter, velocity in zip(self.parameters, self.velocities, strict=True):
+                velocity.mul_(MOMENTUM).add_(parameter.grad)
+                parameter.add_(velocity, alpha=-LEARNING_RATE)
+        return loss.item()
+
+
+def bigdl_peak_memory(step: Callable) -> int:
+    """Peak bytes NumPy allocated during one step above the allocations at its start."""
+    conv.column_buffers.clear()
+    tracemalloc.start()
+    try:
+        start, _ = tracemalloc.get_traced_memory()
+        tracemalloc.reset_peak()
+        step()
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    return peak - start
+
+
+def torch_peak_memory(torch, step: Callable) -> int:
+    """Peak of the CPU allocator's allocated bytes during one step, from a profiler trace."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as profiler:
+        step()
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "trace.json")
+        profiler.export_chrome_trace(path)
+        with open(path) as trace_file:
+            trace = json.load(trace_file)
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    totals = [
+        event["args"]["Total Allocated"]
+        for event in events
+        if event.get("name") == "[memory]" and "Total Allocated" in event.get("args", {})
+    ]
+    return max(totals, default=0)
+
+
+@contextlib.contextmanager
+def thread_limit(count: int, torch):
+    """``count`` BLAS threads for NumPy (threadpoolctl) and ``count`` threads for PyTorch."""
+    previous = torch.get_num_threads() if torch is not None else None
+    if torch is not None:
+        torch.set_num_threads(count)
+    try:
+        with backend.blas_threads(count):
+            yield
+    finally:
+        if torch is not None:
+            torch.set_num_threads(previous)
+
+
+def seconds(run: Callable) -> float:
+    start = time.perf_counter()
+    run()
+    return time.perf_counter() - start
+
+
+def random_batch(input_shape, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    inputs = rng.standard_normal(input_shape).astype(np.float32)
+    return inputs, rng.integers(0, 10, size=input_shape[0])
+
+
+def measure_step(key: str, threads: int, repeats: int, warmup: int, torch) -> dict:
+    """Median and fastest step times (ms), and peak memory (MB), of both frameworks."""
+    name, layers, input_shape = MODELS[key]
+    with nn.init.seeded(0):
+        model = build(nn, layers)
+    inputs, labels = random_batch(input_shape)
+    steps = {"bigdl": BigdlStep(model, inputs, labels)}
+    if torch is not None:
+        steps["torch"] = TorchStep(torch, layers, model, inputs, labels)
+    result = {"model": name, "threads": threads}
+    with thread_limit(threads, torch):
+        first_losses = {framework: step() for framework, step in steps.items()}
+        for _ in range(warmup - 1):
+            for step in steps.values():
+                step()
+        times = {framework: [] for framework in steps}
+        for _ in range(repeats):
+            for framework, step in steps.items():
+                times[framework].append(seconds(step))
+        for framework, samples in times.items():
+            result[f"{framework}_ms"] = 1000 * statistics.median(samples)
+            result[f"{framework}_best_ms"] = 1000 * min(samples)
+        result["bigdl_peak_mb"] = bigdl_peak_memory(steps["bigdl"]) / 2**20
+        if torch is not None:
+            result["torch_peak_mb"] = torch_peak_memory(torch, steps["torch"]) / 2**20
+            # Same weights, same batch: the first losses agree, or the models differ.
+            result["first_loss_difference"] = abs(first_losses["bigdl"] - first_losses["torch"])
+    return result
+
+
+# --- the training loop against a bare loop ----------------------------------------------------
+
+
+def local_optimizer_epoch(model, dataset: ArrayDataset, batch_size: int) -> None:
+    from bigdl_py.train import LocalOptimizer, MaxEpoch
+
+    LocalOptimizer(
+        model,
+        dataset,
+        nn.NLLLoss(),
+        SGD(lr=LEARNING_RATE, momentum=MOMENTUM),
+        batch_size=batch_size,
+        end_trigger=MaxEpoch(1),
+        progress=False,
+    ).optimize()
+
+
+def bare_epoch(model, dataset: ArrayDataset, batch_size: int) -> None:
+    """What LocalOptimizer's iteration does, and nothing else."""
+    flat = FlatParameters(model)
+    criterion = nn.NLLLoss()
+    sgd = SGD(lr=LEARNING_RATE, momentum=MOMENTUM)
+    (features,), labels = dataset.features, dataset.labels
+    for indices in dataset.global_batch_indices(0, batch_size):
+        flat.zero_grad()
+        loss = criterion(model(Tensor(features[indices], _copy=False)), labels[indices])
+        loss.item()
+        loss.backward()
+        sgd.step(flat.weights, flat.gradients)
+
+
+def measure_loop(threads: int, repeats: int, iterations: int) -> dict:
+    """Samples/s of LocalOptimizer and of the bare loop on LeNet-5, and the overhead."""
+    _, layers, input_shape = MODELS["lenet"]
+    batch_size = input_shape[0]
+    features, labels = random_batch((batch_size * iterations,) + input_shape[1:], seed=1)
+    dataset = ArrayDataset(features, labels, shuffle=True, seed=0)
+    with nn.init.seeded(0):
+        model = build(nn, layers)
+    runs = {"local_optimizer": local_optimizer_epoch, "bare_loop": bare_epoch}
+    times = {kind: [] for kind in runs}
+    with thread_limit(threads, None):
+        for run in runs.values():  # warm-up
+            run(model, dataset, batch_size)
+        for _ in range(repeats):
+            for kind, run in runs.items():
+                times[kind].append(seconds(lambda run=run: run(model, dataset, batch_size)))
+    ratios = [
+        loop / bare for loop, bare in zip(times["local_optimizer"], times["bare_loop"], strict=True)
+    ]
+    samples = len(dataset)
+    return {
+        "threads": threads,
+        "iterations": iterations,
+        "local_optimizer_samples_per_s": samples / statistics.median(times["local_optimizer"]),
+        "bare_loop_samples_per_s": samples / statistics.median(times["bare_loop"]),
+        "overhead_percent": 100 * (statistics.median(ratios) - 1),
+    }
+
+
+# --- report ------------------------------------------------------------------------------
+
+
+def machine_description(torch) -> str:
+    from threadpoolctl import threadpool_info
+
+    blas = [
+        f"{info['internal_api']} {info.get('version')} ({info.get('architecture', '?')})"
+        for info in threadpool_info()
+        if info["user_api"] == "blas"
+    ]
+    parts = [
+        f"{backend.cpu_count()} cores",
+        f"python {platform.python_version()}",
+        f"numpy {np.__version__}",
+        f"BLAS {', '.join(blas) or 'none found'}",
+    ]
+    if torch is not None:
+        parts.append(f"torch {torch.__version__}")
+    return ", ".join(parts)
+
+
+def step_table(results: list[dict]) -> str:
+    """Markdown: medians and their ratio, fastest runs and theirs, peak memory."""
+    lines = [
+        "| model | threads | bigdl_py median ms | torch median ms | ratio | bigdl_py best ms "
+        "| torch best ms | best ratio | bigdl_py peak MB | torch peak MB |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        has_torch = "torch_ms" in r
+        cells = [
+            r["model"],
+            str(r["threads"]),
+            f"{r['bigdl_ms']:.1f}",
+            f"{r['torch_ms']:.1f}" if has_torch else "-",
+            f"{r['bigdl_ms'] / r['torch_ms']:.2f}" if has_torch else "-",
+            f"{r['bigdl_best_ms']:.1f}",
+            f"{r['torch_best_ms']:.1f}" if has_torch else "-",
+            f"{r['bigdl_best_ms'] / r['torch_best_ms']:.2f}" if has_torch else "-",
+            f"{r['bigdl_peak_mb']:.1f}",
+            f"{r['torch_peak_mb']:.1f}" if has_torch else "-",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def loop_table(results: list[dict]) -> str:
+    lines = [
+        "| threads | LocalOptimizer samples/s | bare loop samples/s | loop overhead |",
+        "|---|---|---|---|",
+    ]
+    for r in results:
+        lines.append(
+            f"| {r['threads']} | {r['local_optimizer_samples_per_s']:.0f} "
+            f"| {r['bare_loop_samples_per_s']:.0f} | {r['overhead_percent']:+.1f} % |"
+        )
+    return "\n".join(lines)
+
+
+def load_average() -> str:
+    try:
+        return ", ".join(f"{value:.2f}" for value in os.getloadavg())
+    except OSError:  # not available on this platform
+        return "unknown"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--threads", nargs="+", type=int, default=[1, 2])
+    parser.add_argument("--repeats", type=int, default=15, help="timed steps per framework")
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument(
+        "--loop-iterations",
+        type=int,
+        default=40,
+        help="batches per epoch of the LocalOptimizer comparison (0 skips it)",
+    )
+    parser.add_argument("--loop-repeats", type=int, default=7)
+    parser.add_argument("--no-torch", action="store_true", help="time bigdl_py only")
+    args = parser.parse_args(argv)
+    torch = None
+    if not args.no_torch:
+        try:
+            import torch  # optional benchmark peer, never used by bigdl_py
+        except ImportError:
+            print("torch not installed: timing bigdl_py only", file=sys.stderr)
+    print(machine_description(torch))
+    print(f"load average (1, 5, 15 min) at start: {load_average()}")
+    step_results = []
+    for key in args.models:
+        for threads in args.threads:
+            step_results.append(measure_step(key, threads, args.repeats, args.warmup, torch))
+            print(json.dumps(step_results[-1]), file=sys.stderr, flush=True)
+    loop_results = []
+    if args.loop_iterations > 0:
+        for threads in args.threads:
+            loop_results.append(measure_loop(threads, args.loop_repeats, args.loop_iterations))
+            print(json.dumps(loop_results[-1]), file=sys.stderr, flush=True)
+    print(step_table(step_results))
+    if loop_results:
+        print()
+        print(loop_table(loop_results))
+    # Other processes on a shared machine slow both frameworks, 2-thread runs most of all.
+    print(f"load average (1, 5, 15 min) at end: {load_average()}")
+
+
+if __name__ == "__main__":
+    main()
