@@ -1,6 +1,7 @@
 """DistriOptimizer speed and long-run boundedness, by hand (results in bench/RESULTS.md).
 
     python bench/distributed.py lenet [--batch-sizes 128 512] [--partitions 2] [--iterations 60]
+    python bench/distributed.py cnn   [--batch-sizes 128] [--partitions 2] [--iterations 20]
     python bench/distributed.py long  [--iterations 1000]
 
 ``lenet`` trains LeNet-5 (Fashion-MNIST when installed, else random images of its shape) in
@@ -11,7 +12,8 @@ hand-off), ``forward_backward`` (slowest partition), ``shuffle`` (map output wri
 boundary, fetch, hand-off to the owner's Python code), ``update`` (slowest owner: sum of the
 slices + OptimMethod step + state kept), ``to_driver`` (result back to collect()), and the
 driver's own share (the loop around the job). The same model's LocalOptimizer samples/s in
-this process is printed beside it.
+this process is printed beside it. ``cnn`` does the same for bench/engine.py's CIFAR CNN on
+random 3x32x32 images.
 
 ``long`` runs 1,000 iterations of a small model and samples, every 100 iterations: the
 driver's RSS, the executors' Python workers' RSS, the JVM heap in use, the number of
@@ -68,19 +70,40 @@ def timed_iterations(optimizer):
     return records
 
 
-def bench_lenet(batch_sizes, partitions, iterations, warmup=10):
+def cifar_cnn():
+    """bench/engine.py's CIFAR CNN (the same layer list it times against PyTorch)."""
+    from engine import CIFAR_CNN, build
+
+    return build(nn, CIFAR_CNN)
+
+
+def cifar_images(count=10000):
+    """Random images of CIFAR's shape: the speed does not depend on the pixels."""
+    generator = np.random.default_rng(0)
+    images = generator.normal(size=(count, 3, 32, 32)).astype(np.float32)
+    return (images, generator.integers(0, 10, count)), "random 3x32x32 images"
+
+
+MODELS = {
+    "lenet": ("LeNet-5", lenet5, training_images),
+    "cnn": ("CIFAR CNN", cifar_cnn, cifar_images),
+}
+
+
+def bench_model(model_key, batch_sizes, partitions, iterations, warmup=10):
+    name, build_model, load_data = MODELS[model_key]
     spark = get_spark("local[2]", app_name="bigdl_py bench distributed")
     spark.sparkContext.setLogLevel("ERROR")
-    (features, labels), source = training_images()
+    (features, labels), source = load_data()
     print(
-        f"LeNet-5 on {source}, local[2], {partitions} partitions, {iterations} iterations "
+        f"{name} on {source}, local[2], {partitions} partitions, {iterations} iterations "
         f"after {warmup} warm-up; medians in ms"
     )
     header = ["batch", "samples/s", "iteration", *PHASES, "driver", "local samples/s"]
     print(" | ".join(header))
     for batch_size in batch_sizes:
         optimizer = DistriOptimizer(
-            lenet5(),
+            build_model(),
             (features, labels),
             nn.NLLLoss(),
             SGD(lr=0.05, momentum=0.9),
@@ -97,7 +120,7 @@ def bench_lenet(batch_sizes, partitions, iterations, warmup=10):
         phases = {p: statistics.median(t[p] for _, t in kept) for p in PHASES}
         driver = statistics.median(seconds - t["job"] for seconds, t in kept)
         local = LocalOptimizer(
-            lenet5(),
+            build_model(),
             (features[: batch_size * 40], labels[: batch_size * 40]),
             nn.NLLLoss(),
             SGD(lr=0.05, momentum=0.9),
@@ -193,11 +216,17 @@ def main(argv=None):
     lenet.add_argument("--batch-sizes", type=int, nargs="+", default=[128, 512])
     lenet.add_argument("--partitions", type=int, default=2)
     lenet.add_argument("--iterations", type=int, default=60)
+    cnn = commands.add_parser("cnn")
+    cnn.add_argument("--batch-sizes", type=int, nargs="+", default=[128])
+    cnn.add_argument("--partitions", type=int, default=2)
+    cnn.add_argument("--iterations", type=int, default=20)
     long_run = commands.add_parser("long")
     long_run.add_argument("--iterations", type=int, default=1000)
     arguments = parser.parse_args(argv)
-    if arguments.command == "lenet":
-        bench_lenet(arguments.batch_sizes, arguments.partitions, arguments.iterations)
+    if arguments.command in MODELS:
+        bench_model(
+            arguments.command, arguments.batch_sizes, arguments.partitions, arguments.iterations
+        )
     else:
         bench_long(arguments.iterations)
 
