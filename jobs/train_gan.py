@@ -13,7 +13,9 @@ gradient AllReduce of DistriOptimizer. Runs with plain Python (local mode) or sp
 It prints the two losses as it goes and writes into ``--output`` (default ``runs/gan``): a
 PNG grid of 64 generated samples after every epoch (``samples-epoch-N.png``, always from the
 same noise, so the grids show the generator learning), the trained GAN (``gan.bigdl``) and
-the loss history (``history.json``).
+the loss history (``history.json``). ``--checkpoint-dir`` keeps a checkpoint after every
+epoch (weights, both optimizers' sharded state; atomic, no pickle) and ``--resume``
+continues from the newest one there.
 """
 
 from __future__ import annotations
@@ -75,7 +77,13 @@ def parse_arguments(argv=None) -> argparse.Namespace:
         "--limit", type=int, default=None, help="train on the first N images only (smoke tests)"
     )
     parser.add_argument("--log-every", type=int, default=50, help="print every N batches")
+    parser.add_argument("--checkpoint-dir", default=None, help="keep a checkpoint every epoch")
+    parser.add_argument(
+        "--resume", action="store_true", help="continue from the newest checkpoint there"
+    )
     arguments = parser.parse_args(argv)
+    if arguments.resume and not arguments.checkpoint_dir:
+        parser.error("--resume needs --checkpoint-dir")
     if arguments.epochs < 1 or arguments.batch_size < 1 or arguments.log_every < 1:
         parser.error("--epochs, --batch-size and --log-every must be positive")
     return arguments
@@ -124,8 +132,13 @@ def main(argv=None) -> dict:
         adam = dict(lr=arguments.lr, betas=(arguments.beta1, 0.999))
         trainer.add_step("discriminator", discriminator_step, Adam(**adam), "discriminator")
         trainer.add_step("generator", generator_step, Adam(**adam), "generator")
+        first_epoch = 0
+        if arguments.resume:
+            resumed = trainer.load_checkpoint(arguments.checkpoint_dir)
+            first_epoch, history = resumed["epoch"], resumed["history"]
+            print(f"resumed after epoch {first_epoch} from {arguments.checkpoint_dir}")
         batches = trainer.batches_per_epoch
-        for epoch in range(arguments.epochs):
+        for epoch in range(first_epoch, arguments.epochs):
             epoch_started = time.perf_counter()
             d_losses, g_losses = [], []
             for batch in range(batches):
@@ -157,6 +170,10 @@ def main(argv=None) -> dict:
                 f"mean G loss {history['generator_loss'][-1]:.4f}; samples: {grid}",
                 flush=True,
             )
+            if arguments.checkpoint_dir:
+                trainer.save_checkpoint(
+                    arguments.checkpoint_dir, {"epoch": epoch + 1, "history": history}
+                )
     finally:
         trainer.close()
 

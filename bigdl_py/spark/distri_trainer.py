@@ -36,6 +36,8 @@ from bigdl_py.spark.batch_plan import PartitionedBatchPlan
 from bigdl_py.spark.distri_optimizer import training_rdd
 from bigdl_py.spark.distri_optimizer_run import PartitionedData, SparkTrainingRun
 from bigdl_py.spark.distri_optimizer_tasks import StepBatch, trained_submodule
+from bigdl_py.train import checkpoint as checkpoints
+from bigdl_py.train.resume import pack_state_dicts, unpack_state_dicts
 
 __all__ = ["DistriTrainer", "StepBatch"]
 
@@ -49,6 +51,7 @@ class _Step:
         self.parameter_names = names  # the trained parameters, in the run's flat order
         self.run: SparkTrainingRun | None = None
         self.iterations = 0
+        self.resume_shards: list[dict] | None = None  # from a checkpoint, for the next run
 
 
 class DistriTrainer:
@@ -213,7 +216,11 @@ class DistriTrainer:
             raise ValueError(f"batch must be in [0, {self.batches_per_epoch}), got {batch}")
         if step.run is None:
             weights = np.concatenate([self.values[n].ravel() for n in step.parameter_names])
-            step.run = SparkTrainingRun(self.data, step.spec, weights)
+            initial = None
+            if step.resume_shards is not None:
+                initial = {"iteration": step.iterations, "shards": step.resume_shards}
+            step.run = SparkTrainingRun(self.data, step.spec, weights, initial)
+            step.resume_shards = None
         plan_iteration = epoch * self.batches_per_epoch + batch
         local_indices = [
             self.plan.local_indices(partition, plan_iteration)
@@ -248,6 +255,89 @@ class DistriTrainer:
         state.update(self.buffers)
         self.model.load_state_dict(state)
         return self.model
+
+    # --- checkpoints -------------------------------------------------------------------
+    def _fingerprint(self) -> dict:
+        """What must match for a resumed trainer to see the same batches and shards."""
+        return {
+            "size": int(sum(self.data.sizes)),
+            "partition_sizes": [int(size) for size in self.data.sizes],
+            "batch_size": self.batch_size,
+            "seed": self.seed,
+            "steps": {name: step.parameter_names for name, step in self.steps.items()},
+        }
+
+    def save_checkpoint(self, directory: str, metadata: dict | None = None, keep: int = 2) -> str:
+        """Write the weights, buffers, every step's sharded optimizer state and step count
+        (and the caller's JSON ``metadata``, e.g. the epoch) as one checkpoint in
+        ``directory`` (atomic npz + JSON manifest, no pickle); returns its manifest path.
+        The previous checkpoint stays until this one is complete."""
+        arrays: dict[str, Any] = {f"model/{name}": values for name, values in self.values.items()}
+        arrays.update({f"buffer/{name}": values for name, values in self.buffers.items()})
+        layouts, counts = {}, {}
+        for name, step in self.steps.items():
+            if step.run is not None:
+                shards = step.run.gather_optim_states(step.iterations)
+            elif step.resume_shards is not None:
+                shards = step.resume_shards
+            else:  # declared, never run: fresh state
+                shards = [copy.deepcopy(step.spec.optim_method).state_dict()] * self.num_partitions
+            packed, layouts[name] = pack_state_dicts(f"optim/{name}", shards)
+            arrays.update(packed)
+            counts[name] = step.iterations
+        total = sum(counts.values())
+        return checkpoints.save_checkpoint(
+            directory,
+            total,
+            arrays,
+            {
+                "trainer": self._fingerprint(),
+                "step_iterations": counts,
+                "optim_layouts": layouts,
+                "user": metadata or {},
+            },
+            keep=keep,
+        )
+
+    def load_checkpoint(self, path: str) -> dict:
+        """Continue from a checkpoint (a directory's latest good one, or a manifest): the
+        steps must be declared as when it was written, with the same data, partitions,
+        batch size and seed. Returns the ``metadata`` given to :meth:`save_checkpoint`.
+
+        Raises
+        ------
+        ValueError
+            Naming each setting that differs from the checkpoint's.
+        """
+        checkpoint = checkpoints.load_checkpoint(path)
+        saved = checkpoint.metadata.get("trainer")
+        if saved is None:
+            raise ValueError(f"{checkpoint.path} is not a DistriTrainer checkpoint")
+        now = self._fingerprint()
+        different = {k: (saved.get(k), now[k]) for k in now if saved.get(k) != now[k]}
+        if different:
+            raise ValueError(
+                f"cannot resume from {checkpoint.path}: settings differ from the ones it was "
+                f"written with (setting: (checkpoint, now)) {different}"
+            )
+        for name, values in self.values.items():
+            values[...] = checkpoint.arrays[f"model/{name}"]
+        self.buffers = {
+            name[len("buffer/") :]: value
+            for name, value in checkpoint.arrays.items()
+            if name.startswith("buffer/")
+        }
+        layouts = checkpoint.metadata["optim_layouts"]
+        for name, step in self.steps.items():
+            if step.run is not None:  # start a fresh run from the checkpoint's state
+                step.run.close()
+                step.run = None
+            step.iterations = int(checkpoint.metadata["step_iterations"][name])
+            step.resume_shards = unpack_state_dicts(
+                f"optim/{name}", checkpoint.arrays, layouts[name]
+            )
+        self.sync_model()
+        return dict(checkpoint.metadata.get("user", {}))
 
     def close(self) -> None:
         """End every step's run and delete the cached data on the executors."""

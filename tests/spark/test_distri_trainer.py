@@ -23,7 +23,7 @@ from bigdl_py import backend, nn
 from bigdl_py.autograd import Tensor
 from bigdl_py.data.sample import split_bounds
 from bigdl_py.models.gan import discriminator_step, generator_step, mlp_gan
-from bigdl_py.optim import SGD
+from bigdl_py.optim import SGD, Adam
 from bigdl_py.spark.distri_optimizer_tasks import StepBatch
 from bigdl_py.spark.distri_trainer import DistriTrainer
 
@@ -115,6 +115,53 @@ def test_alternating_steps_on_spark_equal_the_same_steps_by_hand(spark, num_part
         assert all(moved), prefix
 
 
+def gan_trainer(spark, model, batch_size=BATCH):
+    trainer = DistriTrainer(
+        model,
+        (images(), np.zeros(IMAGES, dtype=np.int64)),
+        batch_size,
+        num_partitions=2,
+        seed=SEED,
+        spark=spark,
+    )
+    trainer.add_step("discriminator", discriminator_step, Adam(lr=0.01), "discriminator")
+    trainer.add_step("generator", generator_step, Adam(lr=0.01), "generator")
+    return trainer
+
+
+def run_schedule(trainer, schedule):
+    for epoch, batch in schedule:
+        for name in ("discriminator", "generator"):
+            trainer.run_step(name, epoch, batch)
+
+
+def test_checkpoint_and_resume_in_a_new_trainer_is_exact(spark, tmp_path):
+    """Weights, both Adams' sharded moments and the step counts (which fix the noise)
+    survive a checkpoint: stopping after two batches and resuming in a new trainer over a
+    freshly initialised model gives bit-identical weights."""
+    schedule = [(0, 0), (0, 1), (0, 2), (1, 0)]
+    straight = small_gan()
+    with gan_trainer(spark, straight) as trainer:
+        run_schedule(trainer, schedule)
+        trainer.sync_model()
+    with gan_trainer(spark, small_gan()) as trainer:
+        run_schedule(trainer, schedule[:2])
+        trainer.save_checkpoint(str(tmp_path), {"epoch": 0, "next_batch": 2})
+    with nn.init.seeded(99):
+        resumed = mlp_gan(NOISE, HIDDEN)  # other weights: all must come from the checkpoint
+    with gan_trainer(spark, resumed) as trainer:
+        assert trainer.load_checkpoint(str(tmp_path)) == {"epoch": 0, "next_batch": 2}
+        run_schedule(trainer, schedule[2:])
+        trainer.sync_model()
+    for (name, ours), (_, theirs) in zip(
+        resumed.named_parameters(), straight.named_parameters(), strict=True
+    ):
+        np.testing.assert_array_equal(ours.numpy(), theirs.numpy(), err_msg=name)
+    with gan_trainer(spark, small_gan(), batch_size=BATCH + 2) as trainer:
+        with pytest.raises(ValueError, match="batch_size.*20, 22"):
+            trainer.load_checkpoint(str(tmp_path))
+
+
 def test_bad_steps_fail_clearly(spark):
     gan = small_gan()
     with DistriTrainer(
@@ -137,8 +184,9 @@ def test_bad_steps_fail_clearly(spark):
 
 
 @pytest.mark.slow
-def test_gan_job_smoke_trains_writes_sample_grids_and_a_loadable_model(tmp_path):
-    """jobs/train_gan.py as a user runs it: a few iterations on real Fashion-MNIST."""
+def test_gan_job_smoke_trains_resumes_writes_sample_grids_and_a_loadable_model(tmp_path):
+    """jobs/train_gan.py as a user runs it: a few iterations on real Fashion-MNIST, stopped
+    after one epoch and resumed from its checkpoint in a second process."""
     from matplotlib.image import imread
 
     from bigdl_py.data import find_fashion_mnist
@@ -148,31 +196,21 @@ def test_gan_job_smoke_trains_writes_sample_grids_and_a_loadable_model(tmp_path)
     except FileNotFoundError as error:
         pytest.skip(str(error))
     output = tmp_path / "gan"
-    completed = subprocess.run(
-        [
-            sys.executable,
-            os.path.join(REPO, "jobs", "train_gan.py"),
-            "--master",
-            "local[2]",
-            "--limit",
-            "256",
-            "--epochs",
-            "2",
-            "--batch-size",
-            "64",
-            "--hidden",
-            "32",
-            "--output",
-            str(output),
-            "--log-every",
-            "2",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert completed.returncode == 0, completed.stderr[-3000:]
+
+    def run_job(epochs, *extra):
+        command = [sys.executable, os.path.join(REPO, "jobs", "train_gan.py")]
+        command += ["--master", "local[2]", "--limit", "256", "--epochs", str(epochs)]
+        command += ["--batch-size", "64", "--hidden", "32", "--output", str(output)]
+        command += ["--log-every", "2", "--checkpoint-dir", str(tmp_path / "checkpoints")]
+        completed = subprocess.run(
+            command + list(extra), capture_output=True, text=True, timeout=600, check=False
+        )
+        assert completed.returncode == 0, completed.stderr[-3000:]
+        return completed
+
+    run_job(1)  # one epoch, checkpointed; then a new process resumes for the second
+    completed = run_job(2, "--resume")
+    assert "resumed after epoch 1" in completed.stdout
     assert "epoch 2: mean D loss" in completed.stdout
 
     history = json.loads((output / "history.json").read_text())
