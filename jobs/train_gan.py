@@ -31,6 +31,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
+from training_arguments import add_training_arguments, check_training_arguments  # noqa: E402
 
 from bigdl_py import nn  # noqa: E402
 from bigdl_py.autograd import Tensor, no_grad  # noqa: E402
@@ -51,41 +52,15 @@ SAMPLES_IN_GRID = 64
 
 def parse_arguments(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--master", default=None, help="Spark master (default: spark-submit's, else local[*])"
-    )
-    parser.add_argument(
-        "--data",
-        default=None,
-        help="folder with Fashion-MNIST IDX files (default: $BIGDL_PY_DATA, then Debian's)",
-    )
-    parser.add_argument("--epochs", type=int, default=5)
-    parser.add_argument("--batch-size", type=int, default=128, help="global batch size")
-    parser.add_argument(
-        "--partitions", type=int, default=None, help="replicas (default: Spark's task slots)"
-    )
+    add_training_arguments(parser, epochs=5, output="runs/gan")
     parser.add_argument("--lr", type=float, default=2e-4, help="Adam's rate, both networks")
     parser.add_argument("--beta1", type=float, default=0.5, help="Adam's beta1, both networks")
     parser.add_argument("--noise-size", type=int, default=64)
     parser.add_argument("--hidden", type=int, default=256, help="width of the networks")
-    parser.add_argument("--output", default="runs/gan", help="where the samples and model go")
-    parser.add_argument(
-        "--device", choices=("cpu", "gpu", "auto"), default="cpu", help="where replicas run"
-    )
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--limit", type=int, default=None, help="train on the first N images only (smoke tests)"
-    )
     parser.add_argument("--log-every", type=int, default=50, help="print every N batches")
-    parser.add_argument("--checkpoint-dir", default=None, help="keep a checkpoint every epoch")
-    parser.add_argument(
-        "--resume", action="store_true", help="continue from the newest checkpoint there"
-    )
-    arguments = parser.parse_args(argv)
-    if arguments.resume and not arguments.checkpoint_dir:
-        parser.error("--resume needs --checkpoint-dir")
-    if arguments.epochs < 1 or arguments.batch_size < 1 or arguments.log_every < 1:
-        parser.error("--epochs, --batch-size and --log-every must be positive")
+    arguments = check_training_arguments(parser, parser.parse_args(argv))
+    if arguments.log_every < 1:
+        parser.error("--log-every must be positive")
     return arguments
 
 

@@ -25,6 +25,8 @@ import time
 # Runnable from a source checkout without installing (spark-submit puts only jobs/ on the path).
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from training_arguments import add_training_arguments, check_training_arguments  # noqa: E402
+
 from bigdl_py import nn  # noqa: E402
 from bigdl_py.data import fashion_mnist  # noqa: E402
 from bigdl_py.models import lenet5  # noqa: E402
@@ -47,23 +49,7 @@ from bigdl_py.train.batches import as_array_dataset  # noqa: E402
 
 def parse_arguments(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--master", default=None, help="Spark master (default: spark-submit's, else local[*])"
-    )
-    parser.add_argument(
-        "--data",
-        default=None,
-        help="directory of the Fashion-MNIST IDX files "
-        "(default: $BIGDL_PY_DATA, then /usr/share/datasets/fashion-mnist)",
-    )
-    parser.add_argument("--epochs", type=int, default=4)
-    parser.add_argument("--batch-size", type=int, default=128, help="global batch size")
-    parser.add_argument(
-        "--partitions",
-        type=int,
-        default=None,
-        help="data partitions = model replicas (default: the task slots)",
-    )
+    add_training_arguments(parser, epochs=4, output="runs/lenet")
     parser.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd")
     parser.add_argument(
         "--lr",
@@ -72,21 +58,8 @@ def parse_arguments(argv=None) -> argparse.Namespace:
         help="learning rate (default: 0.05 for sgd, 0.001 for adam)",
     )
     parser.add_argument("--momentum", type=float, default=0.9, help="SGD momentum")
-    parser.add_argument("--checkpoint-dir", default=None, help="keep a checkpoint every epoch")
-    parser.add_argument(
-        "--resume",
-        action="store_true",
-        help="continue from the newest checkpoint in --checkpoint-dir",
-    )
     parser.add_argument(
         "--summary-dir", default=None, help="TensorBoard summaries (default: <output>/summaries)"
-    )
-    parser.add_argument("--output", default="runs/lenet", help="where the model and plots go")
-    parser.add_argument(
-        "--device",
-        choices=("cpu", "gpu"),
-        default="cpu",
-        help="run the replicas on CPU, or on the executors' GPUs",
     )
     parser.add_argument(
         "--wire-dtype",
@@ -94,17 +67,8 @@ def parse_arguments(argv=None) -> argparse.Namespace:
         default="float32",
         help="precision of gradient slices in the shuffle",
     )
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--limit", type=int, default=None, help="train on the first N samples only (smoke tests)"
-    )
     parser.add_argument("--no-progress", action="store_true")
-    arguments = parser.parse_args(argv)
-    if arguments.resume and not arguments.checkpoint_dir:
-        parser.error("--resume needs --checkpoint-dir")
-    if arguments.epochs < 1 or arguments.batch_size < 1:
-        parser.error("--epochs and --batch-size must be positive")
-    return arguments
+    return check_training_arguments(parser, parser.parse_args(argv))
 
 
 def main(argv=None) -> float:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from bigdl_py import nn
+from bigdl_py import backend, nn
 from bigdl_py.autograd import Tensor
 
 NOISE_SIZE = 64
@@ -74,8 +74,6 @@ def mlp_gan(noise_size: int = NOISE_SIZE, hidden: int = 256) -> GAN:
 
 def _targets(count: int, value: float, like: Tensor) -> np.ndarray:
     """A column of ``value`` for ``count`` logits, on the logits' device."""
-    from bigdl_py import backend
-
     return backend.to_device(np.full((count, 1), value, dtype=np.float32), like.device)
 
 

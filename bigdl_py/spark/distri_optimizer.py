@@ -387,7 +387,7 @@ class DistriOptimizer(BaseOptimizer):
         spark: Any = None,
     ):
         from bigdl_py.spark import wire
-        from bigdl_py.spark.session import get_spark, task_slots
+        from bigdl_py.spark.session import get_spark, partition_count
 
         if batch_size is None:
             batch_size = getattr(training_set, "batch_size", None)
@@ -401,11 +401,7 @@ class DistriOptimizer(BaseOptimizer):
         device = check_device_request(device)
         spark = spark or get_spark()
         sc = spark.sparkContext
-        if num_partitions is None:
-            num_partitions = task_slots(sc)
-        if isinstance(num_partitions, bool) or int(num_partitions) < 1:
-            raise ValueError(f"num_partitions must be a positive integer, got {num_partitions!r}")
-        num_partitions = int(num_partitions)
+        num_partitions = partition_count(sc, num_partitions)
         self._sc = sc
         self._dataframe_reading = {
             "feature_cols": feature_cols,

@@ -32,7 +32,7 @@ import numpy as np
 from bigdl_py import backend
 from bigdl_py.autograd.ops import misc as op_randomness
 from bigdl_py.autograd.tensor import Tensor
-from bigdl_py.optim.flat_parameters import FlatParameters
+from bigdl_py.optim.flat_parameters import FlatParameters, flat_layout
 from bigdl_py.spark import worker
 
 
@@ -150,6 +150,7 @@ class Replica:
         self.frozen = [p for p in self.model.parameters() if id(p) not in trained]
         for parameter in self.frozen:
             parameter.requires_grad_(False)
+        self.frozen_layout = flat_layout((str(i), p) for i, p in enumerate(self.frozen))
         self.training_step = spec.training_step
         self.stream = spec.stream
         if self.flat.size != spec.flat_size:
@@ -178,18 +179,13 @@ class Replica:
         """Copy the frozen parameters' values (in ``named_parameters`` order) into place."""
         if not self.frozen:
             return
-        if frozen_weights is None:
-            raise RuntimeError("this run has frozen parameters but no frozen weights came")
-        offset = 0
-        for parameter in self.frozen:
-            size = int(np.prod(parameter.shape))
-            values = np.asarray(frozen_weights[offset : offset + size]).reshape(parameter.shape)
+        expected = self.frozen_layout[-1].stop
+        if frozen_weights is None or len(frozen_weights) != expected:
+            got = "none" if frozen_weights is None else len(frozen_weights)
+            raise RuntimeError(f"{got} frozen weights came for {expected} frozen parameters")
+        for parameter, entry in zip(self.frozen, self.frozen_layout, strict=True):
+            values = np.asarray(frozen_weights[entry.offset : entry.stop]).reshape(entry.shape)
             parameter.data[...] = backend.to_device(values, self.device)
-            offset += size
-        if offset != len(frozen_weights):
-            raise RuntimeError(
-                f"{len(frozen_weights)} frozen weights came for {offset} frozen parameters"
-            )
 
     def step_batch(self, inputs: list, labels, iteration: int, piece: int) -> StepBatch:
         """What a custom training step sees: the piece's data and a random stream fixed by

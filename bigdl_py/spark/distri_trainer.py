@@ -31,6 +31,7 @@ import numpy as np
 
 from bigdl_py.nn.module import Module
 from bigdl_py.optim import OptimMethod
+from bigdl_py.optim.flat_parameters import flat_layout
 from bigdl_py.spark import distri_optimizer_tasks as tasks
 from bigdl_py.spark.batch_plan import PartitionedBatchPlan
 from bigdl_py.spark.distri_optimizer import training_rdd
@@ -45,10 +46,11 @@ __all__ = ["DistriTrainer", "StepBatch"]
 class _Step:
     """One named step: which parameters it trains, and its Spark run once started."""
 
-    def __init__(self, name: str, spec: tasks.RunSpec, names: list[str]):
+    def __init__(self, name: str, spec: tasks.RunSpec, names: list[str], values: dict):
         self.name = name
         self.spec = spec
         self.parameter_names = names  # the trained parameters, in the run's flat order
+        self.layout = flat_layout((n, values[n]) for n in names)  # where each sits in it
         self.run: SparkTrainingRun | None = None
         self.iterations = 0
         self.resume_shards: list[dict] | None = None  # from a checkpoint, for the next run
@@ -105,7 +107,7 @@ class DistriTrainer:
     ):
         from bigdl_py.spark import wire
         from bigdl_py.spark.gpu import check_device_request
-        from bigdl_py.spark.session import get_spark, task_slots
+        from bigdl_py.spark.session import get_spark, partition_count
 
         if not isinstance(model, Module):
             raise TypeError(f"model must be a bigdl_py.nn.Module, got {type(model).__name__}")
@@ -115,10 +117,8 @@ class DistriTrainer:
         self.device = check_device_request(device)
         spark = spark or get_spark()
         sc = spark.sparkContext
-        num_partitions = task_slots(sc) if num_partitions is None else num_partitions
-        if isinstance(num_partitions, bool) or int(num_partitions) < 1:
-            raise ValueError(f"num_partitions must be a positive integer, got {num_partitions!r}")
-        if batch_size < int(num_partitions):
+        num_partitions = partition_count(sc, num_partitions)
+        if batch_size < num_partitions:
             raise ValueError(
                 f"batch_size {batch_size} is smaller than num_partitions {num_partitions}: "
                 "every partition needs at least one sample per step"
@@ -127,9 +127,9 @@ class DistriTrainer:
         self.batch_size = batch_size
         self.seed = int(seed)
         rdd, sources = training_rdd(
-            training_set, sc, int(num_partitions), feature_cols, label_col, feature_shape
+            training_set, sc, num_partitions, feature_cols, label_col, feature_shape
         )
-        self.data = PartitionedData(sc, rdd, int(num_partitions), sources=sources)
+        self.data = PartitionedData(sc, rdd, num_partitions, sources=sources)
         try:
             self.plan = PartitionedBatchPlan(
                 self.data.sizes, batch_size, seed=seed, shuffle=shuffle
@@ -194,7 +194,7 @@ class DistriTrainer:
             training_step=training_step,
             stream=zlib.crc32(name.encode()),
         )
-        self.steps[name] = _Step(name, spec, names)
+        self.steps[name] = _Step(name, spec, names, self.values)
         return self
 
     def _step(self, name: str) -> _Step:
@@ -234,11 +234,10 @@ class DistriTrainer:
             frozen_weights=self._frozen_weights(step),
         )
         step.iterations += 1
-        offset = 0
-        for parameter_name in step.parameter_names:
-            values = self.values[parameter_name]
-            values[...] = step.run.weights[offset : offset + values.size].reshape(values.shape)
-            offset += values.size
+        for entry in step.layout:
+            self.values[entry.name][...] = step.run.weights[entry.offset : entry.stop].reshape(
+                entry.shape
+            )
         if step.run.buffers:
             self.buffers.update(step.run.buffers)
         return result

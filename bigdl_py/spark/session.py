@@ -184,6 +184,15 @@ def get_spark(
     return builder.getOrCreate()
 
 
+def partition_count(sc: SparkContext, num_partitions: int | None) -> int:
+    """``num_partitions`` checked, or the cluster's :func:`task_slots` when it is None."""
+    if num_partitions is None:
+        return task_slots(sc)
+    if isinstance(num_partitions, bool) or int(num_partitions) < 1:
+        raise ValueError(f"num_partitions must be a positive integer, got {num_partitions!r}")
+    return int(num_partitions)
+
+
 def task_slots(sc: SparkContext) -> int:
     """How many tasks the cluster runs at once: the default number of partitions to use.
 
