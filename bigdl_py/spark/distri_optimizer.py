@@ -17,6 +17,7 @@ batches, and the tests hold the two to float tolerance.
 from __future__ import annotations
 
 import copy
+import numbers
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -40,12 +41,18 @@ from bigdl_py.train import batches as batch_io
 from bigdl_py.train.loop import BaseOptimizer
 from bigdl_py.train.metrics import ValidationMethod, ValidationResult
 from bigdl_py.train.progress import Progress
-from bigdl_py.train.runner import IterationResult, IterationRunner, TrainingSetup
+from bigdl_py.train.runner import IterationResult, IterationRunner, IterationStep, TrainingSetup
 from bigdl_py.train.triggers import Trigger
 
 __all__ = ["DistriOptimizer", "DistributedTrainingError", "SparkTrainingSet", "SparkValidationSet"]
 
 _SCHEDULE_KEYS = ("iteration", "epoch", "step")
+
+# Iterations per Spark job (bench/RESULTS.md: chaining them pays the job's fixed cost once).
+# The upper bound keeps the job's lineage (two shuffles per iteration) well inside the
+# driver JVM's stack: Spark walks it recursively and overflowed at 100 iterations.
+DEFAULT_ITERATIONS_PER_JOB = 8
+MAX_ITERATIONS_PER_JOB = 32
 
 
 def _is_rdd(data: Any) -> bool:
@@ -180,9 +187,16 @@ class SparkRunner(IterationRunner):
             l2_clipping=l2,
             gradient_accumulation=self.options["gradient_accumulation"],
             device=self.options["device"],
+            update=self.options["update"],
         )
         self._resume_states = None
         self._pending_metric = None
+        # With the sharded update, global-norm clipping needs the norm of the whole summed
+        # gradient before any owner steps: a small job of its own each iteration (see
+        # SparkTrainingRun.run_iteration). Replicated partitions hold the whole gradient.
+        sharded = self.spec.update == "sharded"
+        chainable = l2 is None or not sharded
+        self.iterations_per_call = self.options["iterations_per_job"] if chainable else 1
 
     def _ensure_run(self, iteration: int) -> SparkTrainingRun:
         if self.run is None:
@@ -197,26 +211,70 @@ class SparkRunner(IterationRunner):
             )
         return self.run
 
-    def run_iteration(
-        self, epoch: int, iteration: int, batch_index: int, indices: np.ndarray
-    ) -> IterationResult:
-        run = self._ensure_run(iteration)
+    def _shares(self, epoch: int, batch_index: int) -> list:
+        """Each partition's sample indices (within the partition) of a global batch."""
         plan_iteration = epoch * self.plan.iterations_per_epoch + batch_index
-        local_indices = [
+        return [
             self.plan.local_indices(partition, plan_iteration)
             for partition in range(self.plan.num_partitions)
         ]
+
+    def _schedule(self, epoch: int, iteration: int) -> dict:
         schedule = {"iteration": iteration, "epoch": epoch}
-        if self._pending_metric is not None:
+        if self._pending_metric is not None:  # the first update after a validated epoch
             schedule["metric"] = self._pending_metric
+            self._pending_metric = None
+        return schedule
+
+    def run_iteration(
+        self, epoch: int, iteration: int, batch_index: int, indices: np.ndarray
+    ) -> IterationResult:
+        if self.spec.update == "replicated":  # its state lives only in chains' partitions
+            step = IterationStep(epoch, iteration, batch_index, indices)
+            (result,) = self.run_iterations([step], stop_after_nonfinite=False)
+            return result
+        run = self._ensure_run(iteration)
         result = run.run_iteration(
-            iteration, local_indices, schedule, f"bigdl_py iteration {iteration + 1}"
+            iteration,
+            self._shares(epoch, batch_index),
+            self._schedule(epoch, iteration),
+            f"bigdl_py iteration {iteration + 1}",
         )
-        self._pending_metric = None
         # The driver's copy of the optim method only keeps the schedule (learning rate for
         # summaries and progress); the shards hold the per-element state.
         self.setup.optim_method.on_iteration_end(iteration + 1)
         return IterationResult(float(result["loss"]), int(result["count"]), bool(result["finite"]))
+
+    def run_iterations(
+        self, steps: Sequence[IterationStep], stop_after_nonfinite: bool
+    ) -> list[IterationResult]:
+        replicated = self.spec.update == "replicated"
+        if len(steps) == 1 and not replicated:
+            return super().run_iterations(steps, stop_after_nonfinite)
+        first = steps[0].iteration
+        run = self._ensure_run(first)
+        chain = run.run_replicated_chain if replicated else run.run_chain
+        last = first + len(steps)
+        outcomes = chain(
+            first,
+            [self._shares(step.epoch, step.batch_index) for step in steps],
+            [self._schedule(step.epoch, step.iteration) for step in steps],
+            f"bigdl_py iterations {first + 1}-{last}: forward-backward + {self.spec.update} update",
+            stop_after_nonfinite,
+        )
+        results = []
+        for step, outcome in zip(steps, outcomes, strict=False):
+            learning_rate = self.learning_rate()
+            self.setup.optim_method.on_iteration_end(step.iteration + 1)
+            results.append(
+                IterationResult(
+                    float(outcome["loss"]),
+                    int(outcome["count"]),
+                    bool(outcome["finite"]),
+                    learning_rate,
+                )
+            )
+        return results
 
     def end_epoch(self, epoch: int, validation_score: float | None = None) -> None:
         super().end_epoch(epoch, validation_score)
@@ -342,6 +400,23 @@ class DistriOptimizer(BaseOptimizer):
         Each update runs ``batch_size`` in this many micro-batches per partition whose
         gradients add up: the same update as one batch of ``batch_size``, with the memory of
         a ``batch_size / gradient_accumulation`` batch.
+    iterations_per_job : int
+        Iterations chained into one Spark job (1 to ``MAX_ITERATIONS_PER_JOB``): each
+        iteration stays two stages with the same AllReduce, but the weights pass from one
+        iteration's owners to the next iteration's replicas through a shuffle instead of
+        the driver, and Spark's fixed cost of a job is paid once per chain. A chain ends
+        early at the end of an epoch and wherever a trigger (end, validation, checkpoint)
+        fires; it is one iteration long with global-norm clipping or a trigger that reads the
+        training loss (``MinLoss``). Progress and summaries arrive a chain at a time.
+    update : {"sharded", "replicated"}
+        How the summed gradient becomes new weights. ``"sharded"`` (BigDL's AllReduce, the
+        default): partition ``j`` receives slice ``j`` of every gradient, steps that slice
+        with the optimizer state it alone keeps (1/N of it) and sends it back to every
+        replica — two stages per iteration. ``"replicated"`` (PyTorch DDP's way): every
+        partition receives every whole gradient and steps the whole vector with its own
+        copy of the optimizer state — one stage per iteration, N times the shuffle bytes
+        and the optimizer state; for small models, where Spark's per-stage cost dominates
+        (bench/RESULTS.md). Both give the same weights; checkpoints have the same layout.
     seed : int
         Fixes every partition's per-epoch permutation and the replicas' dropout streams.
     shuffle : bool
@@ -379,6 +454,8 @@ class DistriOptimizer(BaseOptimizer):
         feature_shape: Any = None,
         wire_dtype: str | None = None,
         gradient_accumulation: int = 1,
+        iterations_per_job: int = DEFAULT_ITERATIONS_PER_JOB,
+        update: str = "sharded",
         seed: int = 0,
         shuffle: bool = True,
         device: str = "cpu",
@@ -395,6 +472,17 @@ class DistriOptimizer(BaseOptimizer):
             raise ValueError(
                 f"gradient_accumulation must be a positive integer, got {gradient_accumulation!r}"
             )
+        if (
+            isinstance(iterations_per_job, bool)
+            or not isinstance(iterations_per_job, numbers.Integral)
+            or not 1 <= iterations_per_job <= MAX_ITERATIONS_PER_JOB
+        ):
+            raise ValueError(
+                f"iterations_per_job must be an integer from 1 to {MAX_ITERATIONS_PER_JOB}, "
+                f"got {iterations_per_job!r}"
+            )
+        if update not in ("sharded", "replicated"):
+            raise ValueError(f'update must be "sharded" or "replicated", got {update!r}')
         wire_dtype = wire.check_wire_dtype(wire_dtype)
         from bigdl_py.spark.gpu import check_device_request
 
@@ -423,6 +511,8 @@ class DistriOptimizer(BaseOptimizer):
                     "wire_dtype": wire_dtype,
                     "gradient_accumulation": int(gradient_accumulation),
                     "device": device,
+                    "iterations_per_job": int(iterations_per_job),
+                    "update": update,
                 }
             ),
             skip_nonfinite_batches=skip_nonfinite_batches,

@@ -36,9 +36,10 @@ from typing import Any
 import numpy as np
 from pyspark import cloudpickle
 
+from bigdl_py import backend
 from bigdl_py.data.sample import MiniBatch, Sample
-from bigdl_py.optim.sharding import all_slice_bounds
-from bigdl_py.spark import collectives, worker
+from bigdl_py.optim.sharding import all_slice_bounds, split_state_dict
+from bigdl_py.spark import collectives, wire, worker
 from bigdl_py.spark import distri_optimizer_tasks as tasks
 
 # Weights up to this size travel inside the task closure (one pickle per task, no broadcast
@@ -169,7 +170,10 @@ class PartitionedData:
         finally:
             self.sc.setJobDescription(None)
         self.sizes = [info["size"] for info in infos]
-        self.feature_shapes = infos  # kept for error messages
+        # One small dict per partition (where its arrays lie): a chained iteration's
+        # forward-backward stage reads a shuffle, not the cached handles, and finds its data
+        # through these.
+        self.partition_handles = infos
         total = sum(self.sizes)
         if total < self.num_partitions:
             self.close()
@@ -246,6 +250,56 @@ def _iteration_breakdown(submitted: float, returned: float, timings: list[dict])
         "update": max(t["update"] for t in timings),
         "to_driver": returned - update_left,
     }
+
+
+def _step_owner(
+    spec,
+    owner: int,
+    iteration: int,
+    initial_states,
+    weight_slice: np.ndarray,
+    start: int,
+    summed: np.ndarray,
+    loss_sum: float,
+    schedule: dict,
+    l2_scale: float,
+    retain_from: int | None = None,
+) -> np.ndarray:
+    """Owner ``owner``'s step of iteration ``iteration`` on ``weight_slice`` (which starts at
+    flat offset ``start``): its updated weight slice.
+
+    A non-finite loss (or clipping scale) leaves the slice and the optimizer state as they
+    were and only advances the schedule: the driver decides what to do about it.
+    """
+    method = tasks.owned_shard(spec, owner, iteration, initial_states)
+    if np.isfinite(loss_sum) and np.isfinite(l2_scale):
+        new_slice = tasks.update_owned_slice(
+            method, weight_slice, summed, start, schedule, l2_scale
+        )
+    else:
+        tasks.follow_schedule_only(method, schedule)
+        new_slice = np.array(weight_slice, dtype=np.float32)
+    tasks.keep_shard(spec, owner, method, iteration, retain_from)
+    return new_slice
+
+
+def _chained_forward_backward(
+    spec, partition: int, handle: dict, weights, halted: bool, local_indices: list, iteration: int
+):
+    """Forward-backward of ``partition`` in a chained stage: ``(gradient, loss sum, samples,
+    replica)``; zeros once an earlier iteration of the chain stopped it (non-finite loss)."""
+    replica = worker.fetch(spec.run_id, ("replica", partition), lambda: tasks.Replica(spec, handle))
+    if halted:
+        return np.zeros(weights.size, np.float32), 0.0, 0, replica
+    gradient, loss_sum, samples = tasks.forward_backward(
+        replica,
+        weights,
+        local_indices[partition],
+        spec.batch_size,
+        iteration,
+        spec.gradient_accumulation,
+    )
+    return gradient, loss_sum, samples, replica
 
 
 class SparkTrainingRun:
@@ -365,26 +419,25 @@ class SparkTrainingRun:
             clock = (min(r[4][0] for r in reports), max(r[4][1] for r in reports))
             return summed, loss_sum, count, (fb_seconds, clock), buffers
 
-        def step_owner(spec, owner, summed, loss_sum, l2_scale):
-            method = tasks.owned_shard(spec, owner, iteration, initial_states)
-            start, stop = bounds[owner]
-            if np.isfinite(loss_sum) and np.isfinite(l2_scale):
-                new_slice = tasks.update_owned_slice(
-                    method, get_weights()[start:stop], summed, start, schedule, l2_scale
-                )
-            else:  # leave weights and state as they were; the driver decides what to do
-                tasks.follow_schedule_only(method, schedule)
-                new_slice = np.array(get_weights()[start:stop], dtype=np.float32)
-            tasks.keep_shard(spec, owner, method, iteration)
-            return new_slice
-
         def reduce_and_update(owner, records):
             entered = time.time()
             started = time.perf_counter()
             spec = load_spec()
             summed, loss_sum, count, fb, buffers = gather(owner, records)
             tasks.clip_summed_slice(spec, summed)
-            new_slice = step_owner(spec, owner, summed, loss_sum, 1.0)
+            start, stop = bounds[owner]
+            new_slice = _step_owner(
+                spec,
+                owner,
+                iteration,
+                initial_states,
+                get_weights()[start:stop],
+                start,
+                summed,
+                loss_sum,
+                schedule,
+                1.0,
+            )
             timings = _task_timings(fb, entered, started)
             yield owner, new_slice, loss_sum, count, buffers, timings
 
@@ -427,7 +480,19 @@ class SparkTrainingRun:
                     if summed is None:
                         directory = tasks.run_directory(spec.state_dir, spec.run_id)
                         summed = np.load(os.path.join(directory, f"summed-{owner}.npy"))
-                    new_slice = step_owner(spec, owner, summed, loss_by_owner[owner], l2_scale)
+                    start, stop = bounds[owner]
+                    new_slice = _step_owner(
+                        spec,
+                        owner,
+                        iteration,
+                        initial_states,
+                        get_weights()[start:stop],
+                        start,
+                        summed,
+                        loss_by_owner[owner],
+                        schedule,
+                        l2_scale,
+                    )
                     yield owner, new_slice
 
                 self.sc.setJobDescription(f"{description}: clipped update")
@@ -455,6 +520,344 @@ class SparkTrainingRun:
         )
         return {"loss": loss_sum / max(count, 1), "count": count, "finite": np.isfinite(loss_sum)}
 
+    # --- several iterations in one job ----------------------------------------------------
+    def run_chain(
+        self,
+        first: int,
+        shares: list[list],
+        schedules: list[dict],
+        description: str,
+        stop_after_nonfinite: bool,
+    ) -> list[dict[str, Any]]:
+        """Run iterations ``first .. first + len(shares) - 1`` as ONE Spark job.
+
+        Each iteration is two stages, as in :meth:`run_iteration`: forward-backward with a
+        reduce-scatter shuffle of the gradient slices, then the owners' update. Here the
+        owners do not return their slices to the driver: they send them to every partition
+        through a second shuffle (an all-gather), and the next iteration's forward-backward
+        stage reads them there. Only the last iteration's slices reach the driver. The job
+        thus pays Spark's job overhead once per ``len(shares)`` iterations, and the driver
+        builds the whole lineage before submitting it.
+
+        Every stage is a pure function of its inputs and the shard states on the hosts'
+        disks, which are all kept from the chain's start: Spark can recompute any stage after
+        losing an executor and get the same bytes.
+
+        With ``stop_after_nonfinite``, an iteration whose loss is not finite leaves weights
+        and state unchanged and every later iteration of the chain does nothing; the result
+        lists the iterations up to that one.
+
+        Returns one ``{"loss", "count", "finite"}`` dict per iteration that ran.
+        """
+        count = len(shares)
+        load_spec = self._spec_loader()
+        num_partitions = self.num_partitions
+        bounds = self.slice_bounds
+        get_weights = self._ship_weights()
+        initial_states = self.initial_optim_states
+        handles = {handle["partition"]: handle for handle in self.data.partition_handles}
+        retain_from = first - 1
+
+        def forward_backward_stage(step: int):
+            iteration, local_indices = first + step, shares[step]
+            last = step == count - 1
+            # Only the first stage reads the driver's weights: the closure of every other
+            # stage must not drag them (pickled into each stage's tasks) along.
+            driver_weights = get_weights if step == 0 else None
+
+            def forward_backward(partition, rows):
+                entered = time.time()
+                started = time.perf_counter()
+                spec = load_spec()
+                rows = drain(rows)
+                if step == 0:  # the cached handles RDD, and the driver's weights
+                    (handle,) = rows
+                    weights, halted, history = driver_weights(), False, []
+                else:  # the all-gather shuffle: (partition, (owner, slice, halted, history))
+                    handle = handles[partition]
+                    received = sorted((record[1] for record in rows), key=lambda r: r[0])
+                    weights = np.concatenate([np.asarray(r[1]) for r in received])
+                    halted = received[0][2]
+                    history = received[0][3]
+                gradient, loss_sum, samples, replica = _chained_forward_backward(
+                    spec, partition, handle, weights, halted, local_indices, iteration
+                )
+                buffers = None
+                if last and partition == 0 and replica.buffer_names:
+                    buffers = replica.buffers()
+                seconds = time.perf_counter() - started
+                report = (loss_sum, samples, seconds, buffers, (entered, time.time()))
+                for owner, piece in collectives.pieces_for_owners(
+                    partition, gradient, num_partitions, spec.wire_dtype
+                ):
+                    start, stop = bounds[owner]
+                    yield (
+                        owner,
+                        (
+                            piece,
+                            report if owner == 0 else report[:3] + (None, report[4]),
+                            halted,
+                            history if owner == 0 and partition == 0 else None,
+                            # The owner updates the slice the replicas just used: sent by the
+                            # partition of the same number, so no cache is needed for it.
+                            weights[start:stop] if owner == partition else None,
+                        ),
+                    )
+
+            return forward_backward
+
+        def owner_stage(step: int):
+            iteration, schedule = first + step, schedules[step]
+            last = step == count - 1
+            # A resume's shard states serve the first update only (later ones find the state
+            # their predecessor kept); they stay out of the other stages' closures.
+            resumed_states = initial_states if step == 0 else None
+
+            def update(owner, records):
+                entered = time.time()
+                started = time.perf_counter()
+                spec = load_spec()
+                values = [value for _, value in drain(records)]
+                _, summed = collectives.combine_owned_pieces(
+                    owner, (value[0] for value in values), num_partitions, "sum", "AllReduce"
+                )
+                reports = [value[1] for value in values]
+                halted = values[0][2]
+                history = next((v[3] for v in values if v[3] is not None), None)
+                weight_slice = next(v[4] for v in values if v[4] is not None)
+                loss_sum = float(sum(report[0] for report in reports))
+                samples = int(sum(report[1] for report in reports))
+                start, _ = bounds[owner]
+                if halted:  # nothing changes; the state is recorded under this iteration
+                    method = tasks.owned_shard(spec, owner, iteration, resumed_states)
+                    tasks.keep_shard(spec, owner, method, iteration, retain_from)
+                    new_slice = np.array(weight_slice, dtype=np.float32)
+                else:
+                    tasks.clip_summed_slice(spec, summed)
+                    new_slice = _step_owner(
+                        spec,
+                        owner,
+                        iteration,
+                        resumed_states,
+                        weight_slice,
+                        start,
+                        summed,
+                        loss_sum,
+                        schedule,
+                        1.0,
+                        retain_from,
+                    )
+                    if history is not None:
+                        history = history + [
+                            {
+                                "loss_sum": loss_sum,
+                                "count": samples,
+                                "forward_backward": max(report[2] for report in reports),
+                                "update": time.perf_counter() - started,
+                            }
+                        ]
+                    halted = stop_after_nonfinite and not np.isfinite(loss_sum)
+                if last:
+                    buffers = next((r[3] for r in reports if r[3] is not None), None)
+                    clock = (min(r[4][0] for r in reports), max(r[4][1] for r in reports))
+                    timings = _task_timings((max(r[2] for r in reports), clock), entered, started)
+                    yield owner, new_slice, history, buffers, timings
+                    return
+                for partition in range(num_partitions):
+                    yield (
+                        partition,
+                        (
+                            owner,
+                            new_slice,
+                            halted,
+                            history if owner == 0 and partition == 0 else None,
+                        ),
+                    )
+
+            return update
+
+        rdd = self.data.handles
+        for step in range(count):
+            rdd = rdd.mapPartitionsWithIndex(forward_backward_stage(step)).partitionBy(
+                num_partitions, collectives.owner_partition
+            )
+            rdd = rdd.mapPartitionsWithIndex(owner_stage(step))
+            if step < count - 1:
+                rdd = rdd.partitionBy(num_partitions, collectives.owner_partition)
+        return self._collect_chain(rdd, first, count, description)
+
+    def run_replicated_chain(
+        self,
+        first: int,
+        shares: list[list],
+        schedules: list[dict],
+        description: str,
+        stop_after_nonfinite: bool,
+    ) -> list[dict[str, Any]]:
+        """Like :meth:`run_chain`, with the replicated update: ONE stage per iteration.
+
+        Each partition sends its whole gradient to every partition (one shuffle, an
+        all-to-all); every partition sums the N gradients in partition order, clips, and
+        steps the whole weight vector with its own copy of the optimizer state, so all
+        replicas compute the same new weights, then runs the next forward-backward in the
+        same task. It is PyTorch DDP's arrangement rather than BigDL's sharded one: the
+        shuffle carries N times more bytes (N x N gradients instead of 2 x N slices) and
+        every partition keeps the whole optimizer state, but an iteration costs one Spark
+        stage instead of two. Global-norm clipping needs no extra job here: every
+        partition holds the whole summed gradient. ``len(shares)`` iterations take
+        ``len(shares) + 1`` stages; the last one only updates and returns slice ``j`` of the
+        weights from partition ``j`` (one copy of the weights reaches the driver).
+        """
+        count = len(shares)
+        load_spec = self._spec_loader()
+        num_partitions = self.num_partitions
+        bounds = self.slice_bounds
+        get_weights = self._ship_weights()
+        initial_states = self.initial_optim_states
+        handles = {handle["partition"]: handle for handle in self.data.partition_handles}
+        retain_from = first - 1
+
+        def stage(step: int):
+            """Stage ``step``: the update of iteration ``first + step - 1`` (when step > 0)
+            and the forward-backward of iteration ``first + step`` (when step < count)."""
+            driver_weights = get_weights if step == 0 else None
+            resumed_states = initial_states if step == 1 else None
+            updated = first + step - 1
+            schedule = schedules[step - 1] if step > 0 else None
+            local_indices = shares[step] if step < count else None
+
+            def task(partition, rows):
+                entered = time.time()
+                started = time.perf_counter()
+                spec = load_spec()
+                rows = drain(rows)
+                if step == 0:
+                    (handle,) = rows
+                    weights, halted, history = driver_weights(), False, []
+                else:
+                    handle = handles[partition]
+                    values = [value for _, value in rows]
+                    _, summed = collectives.combine_owned_pieces(
+                        partition, (v[0] for v in values), num_partitions, "sum", "AllReduce"
+                    )
+                    reports = [v[1] for v in values]
+                    halted = values[0][2]
+                    history = next((v[3] for v in values if v[3] is not None), None)
+                    weights = next(v[4] for v in values if v[4] is not None)
+                    loss_sum = float(sum(report[0] for report in reports))
+                    samples = int(sum(report[1] for report in reports))
+                    method = tasks.owned_shard(spec, partition, updated, resumed_states, True)
+                    if not halted and np.isfinite(loss_sum):
+                        tasks.clip_summed_slice(spec, summed)
+                        l2_scale = 1.0
+                        if spec.l2_clipping is not None:
+                            squares = spec.l2_clipping.sum_of_squares(summed)
+                            l2_scale = spec.l2_clipping.scale_for(float(squares))
+                        if np.isfinite(l2_scale):
+                            weights = tasks.update_owned_slice(
+                                method, weights, summed, 0, schedule, l2_scale
+                            )
+                        else:
+                            tasks.follow_schedule_only(method, schedule)
+                    elif not halted:
+                        tasks.follow_schedule_only(method, schedule)
+                    tasks.keep_shard(spec, partition, method, updated, retain_from, True)
+                    if not halted and history is not None:
+                        history = history + [
+                            {
+                                "loss_sum": loss_sum,
+                                "count": samples,
+                                "forward_backward": max(report[2] for report in reports),
+                                "update": time.perf_counter() - started,
+                            }
+                        ]
+                    if not halted:
+                        halted = stop_after_nonfinite and not np.isfinite(loss_sum)
+                    if step == count:  # the end of the chain: slice j to the driver
+                        buffers = next((r[3] for r in reports if r[3] is not None), None)
+                        clock = (min(r[4][0] for r in reports), max(r[4][1] for r in reports))
+                        timings = _task_timings(
+                            (max(r[2] for r in reports), clock), entered, started
+                        )
+                        start, stop = bounds[partition]
+                        yield partition, weights[start:stop], history, buffers, timings
+                        return
+                fb_started = time.perf_counter()
+                gradient, loss_sum, samples, replica = _chained_forward_backward(
+                    spec, partition, handle, weights, halted, local_indices, first + step
+                )
+                buffers = None
+                if step == count - 1 and partition == 0 and replica.buffer_names:
+                    buffers = replica.buffers()
+                seconds = time.perf_counter() - fb_started
+                report = (loss_sum, samples, seconds, buffers, (entered, time.time()))
+                host = np.asarray(backend.as_numpy(gradient)).reshape(-1)
+                piece = collectives.Piece(
+                    partition, host.shape, host.dtype.str, wire.encode(host, spec.wire_dtype)
+                )
+                for destination in range(num_partitions):
+                    yield (
+                        destination,
+                        (
+                            piece,
+                            report if destination == 0 else report[:3] + (None, report[4]),
+                            halted,
+                            history if partition == 0 and destination == 0 else None,
+                            # Each partition's own weights come back to it with the gradients:
+                            # the stage stays a pure function of its input.
+                            weights if destination == partition else None,
+                        ),
+                    )
+
+            return task
+
+        rdd = self.data.handles
+        for step in range(count + 1):
+            rdd = rdd.mapPartitionsWithIndex(stage(step))
+            if step < count:
+                rdd = rdd.partitionBy(num_partitions, collectives.owner_partition)
+        return self._collect_chain(rdd, first, count, description)
+
+    def _collect_chain(self, rdd, first: int, count: int, description: str) -> list[dict]:
+        """Run a chain's job; keep the weights (the owners' slices, in order), buffers and
+        timings; return ``{"loss", "count", "finite"}`` per iteration that ran."""
+        submitted = time.time()
+        self.sc.setJobDescription(description)
+        try:
+            self._last_rdd = rdd
+            results = rdd.collect()
+        except Exception as error:
+            raise DistributedTrainingError(
+                f"iterations {first + 1}-{first + count} failed: {python_error_text(error)}"
+            ) from None
+        finally:
+            self.sc.setJobDescription(None)
+            self._release_broadcasts()
+        returned = time.time()
+        results.sort(key=lambda record: record[0])
+        self.weights = np.concatenate([np.asarray(record[1]) for record in results])
+        self.initial_optim_states = None
+        history, buffers = results[0][2], results[0][3]
+        if buffers is not None:
+            self.buffers = buffers
+        breakdown = _iteration_breakdown(submitted, returned, [record[4] for record in results])
+        ran = max(len(history), 1)
+        self.last_timings = {
+            "job": breakdown["job"],
+            "iterations_per_job": float(count),
+            "iteration": breakdown["job"] / ran,
+            "forward_backward": float(np.mean([h["forward_backward"] for h in history] or [0])),
+            "update": float(np.mean([h["update"] for h in history] or [0])),
+        }
+        return [
+            {
+                "loss": entry["loss_sum"] / max(entry["count"], 1),
+                "count": entry["count"],
+                "finite": bool(np.isfinite(entry["loss_sum"])),
+            }
+            for entry in history
+        ]
+
     @property
     def last_lineage_depth(self) -> int:
         """Lines of the last iteration's RDD lineage: constant when nothing chains up."""
@@ -469,14 +872,21 @@ class SparkTrainingRun:
         load_spec = self._spec_loader()
         initial_states = self.initial_optim_states
 
+        whole = self.spec.update == "replicated"
+        bounds = self.slice_bounds
+
         def read_state(owner, rows):
             drain(rows)
             spec = load_spec()
-            method = worker.lookup(spec.run_id, ("shard", owner), version=completed - 1)
+            key = tasks.state_key(owner, whole)
+            method = worker.lookup(spec.run_id, key, version=completed - 1)
             if method is None:
-                method = tasks.owned_shard(spec, owner, completed, initial_states)
-                worker.store(spec.run_id, ("shard", owner), method, version=completed - 1)
-            yield owner, method.state_dict()
+                method = tasks.owned_shard(spec, owner, completed, initial_states, whole)
+                worker.store(spec.run_id, key, method, version=completed - 1)
+            state = method.state_dict()
+            # A replicated run keeps the whole state on every partition: partition j gives
+            # slice j, so checkpoints have one layout whichever update wrote them.
+            yield owner, split_state_dict(state, bounds)[owner] if whole else state
 
         self.sc.setJobDescription(f"bigdl_py: gather optimizer shards after {completed}")
         try:

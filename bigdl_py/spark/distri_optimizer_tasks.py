@@ -33,6 +33,7 @@ from bigdl_py import backend
 from bigdl_py.autograd.ops import misc as op_randomness
 from bigdl_py.autograd.tensor import Tensor
 from bigdl_py.optim.flat_parameters import FlatParameters, flat_layout
+from bigdl_py.optim.sharding import concatenate_state_dicts
 from bigdl_py.spark import worker
 
 
@@ -59,6 +60,9 @@ class RunSpec:
     l2_clipping: Any = None  # an L2NormClipping
     gradient_accumulation: int = 1
     device: str = "cpu"  # "cpu", "gpu" or "auto" (bigdl_py.spark.gpu.task_device)
+    # "sharded" (BigDL: partition j steps slice j with the state it alone keeps) or
+    # "replicated" (DDP: every partition steps the whole vector with its own full state).
+    update: str = "sharded"
     extras: dict = field(default_factory=dict)
     # Custom training steps (bigdl_py.spark.distri_trainer): the dotted name of the submodule
     # whose parameters this run trains (None: the whole model; the others are frozen and
@@ -298,14 +302,14 @@ class ShardStateStore:
     shard another worker updated last.
     """
 
-    def __init__(self, directory: str, shard: int):
+    def __init__(self, directory: str, shard: int | str):
         self.directory = directory
         self.shard = shard
 
     def path(self, iteration: int) -> str:
         return os.path.join(self.directory, f"optim-{self.shard}-after-{iteration}.npz")
 
-    def save(self, iteration: int, state: dict) -> None:
+    def save(self, iteration: int, state: dict, retain_from: int | None = None) -> None:
         arrays = {key: np.asarray(backend.as_numpy(value)) for key, value in state.items()}
         temporary = self.path(iteration) + f".tmp-{os.getpid()}.npz"
         with open(temporary, "wb") as handle:
@@ -313,7 +317,7 @@ class ShardStateStore:
         os.replace(temporary, self.path(iteration))
         for old in glob.glob(os.path.join(self.directory, f"optim-{self.shard}-after-*.npz")):
             done = int(old.rsplit("-", 1)[1].split(".")[0])
-            if done < iteration - 1:
+            if done < min(iteration - 1, iteration if retain_from is None else retain_from):
                 _remove_quietly(old)
 
     def load(self, iteration: int) -> dict | None:
@@ -335,26 +339,40 @@ def _remove_quietly(path: str) -> None:
         pass
 
 
-def owned_shard(spec: RunSpec, shard: int, iteration: int, initial_states: dict | None):
+def state_key(shard: int, whole: bool) -> tuple:
+    return ("replicated" if whole else "shard", shard)
+
+
+def _state_store(spec: RunSpec, shard: int, whole: bool) -> ShardStateStore:
+    name = f"replicated-{shard}" if whole else shard
+    return ShardStateStore(run_directory(spec.state_dir, spec.run_id), name)
+
+
+def owned_shard(
+    spec: RunSpec, shard: int, iteration: int, initial_states: dict | None, whole: bool = False
+):
     """Shard ``shard``'s OptimMethod with its state after iteration ``iteration - 1``.
 
     Looked up in this worker's cache first, then in the host's state file, then (for the
-    first iteration of a run or of a resume) in ``initial_states`` or fresh.
+    first iteration of a run or of a resume) in ``initial_states`` or fresh. With ``whole``
+    (the replicated update), partition ``shard`` keeps the state of the whole vector, and
+    a resume joins every shard of ``initial_states`` into it.
     """
-    key = ("shard", shard)
+    key = state_key(shard, whole)
     method = worker.lookup(spec.run_id, key, version=iteration - 1)
     if method is not None:
         # The caller is about to change it: until keep_shard records the new state, nobody
         # may take this object for the state after ``iteration - 1`` (a retry would).
         worker.store(spec.run_id, key, method, version=("updating", iteration))
         return method
-    store = ShardStateStore(run_directory(spec.state_dir, spec.run_id), shard)
+    store = _state_store(spec, shard, whole)
     method = copy.deepcopy(spec.optim_method)
     stored = store.load(iteration - 1)
     if stored is not None:
         method.load_state_dict(stored)
     elif initial_states is not None and initial_states.get("iteration") == iteration:
-        method.load_state_dict(initial_states["shards"][shard])
+        shards = initial_states["shards"]
+        method.load_state_dict(concatenate_state_dicts(shards) if whole else shards[shard])
     elif iteration != (initial_states or {}).get("iteration", 0):
         raise RuntimeError(
             f"optimizer state of shard {shard} after iteration {iteration - 1} is not on host "
@@ -366,12 +384,23 @@ def owned_shard(spec: RunSpec, shard: int, iteration: int, initial_states: dict 
     return method
 
 
-def keep_shard(spec: RunSpec, shard: int, method: Any, iteration: int) -> None:
+def keep_shard(
+    spec: RunSpec,
+    shard: int,
+    method: Any,
+    iteration: int,
+    retain_from: int | None = None,
+    whole: bool = False,
+) -> None:
     """Record that ``method`` now holds the state after ``iteration``: in this worker's cache
-    and in the host's state file (for other workers and retries)."""
-    worker.store(spec.run_id, ("shard", shard), method, version=iteration)
-    store = ShardStateStore(run_directory(spec.state_dir, spec.run_id), shard)
-    store.save(iteration, method.state_dict())
+    and in the host's state file (for other workers and retries).
+
+    The files of earlier iterations are deleted, except those from ``retain_from`` on: a job
+    that chains several iterations keeps every state since its start, because Spark may
+    recompute any of its stages after losing an executor.
+    """
+    worker.store(spec.run_id, state_key(shard, whole), method, version=iteration)
+    _state_store(spec, shard, whole).save(iteration, method.state_dict(), retain_from)
 
 
 def clip_summed_slice(spec: RunSpec, summed: np.ndarray) -> np.ndarray:

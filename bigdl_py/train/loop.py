@@ -14,6 +14,7 @@ is written when its trigger fires; then the end trigger decides whether to go on
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -26,7 +27,7 @@ from bigdl_py.train import checkpoint as checkpoints
 from bigdl_py.train import resume
 from bigdl_py.train.metrics import ValidationMethod, ValidationResult, check_methods
 from bigdl_py.train.progress import Progress
-from bigdl_py.train.runner import IterationResult, IterationRunner, TrainingSetup
+from bigdl_py.train.runner import IterationResult, IterationRunner, IterationStep, TrainingSetup
 from bigdl_py.train.summary import TrainSummary, ValidationSummary
 from bigdl_py.train.triggers import TrainingState, Trigger, check_trigger
 
@@ -289,13 +290,53 @@ class BaseOptimizer:
             if plan_epoch != state.epoch:
                 plan, plan_epoch = self._batch_plan(state.epoch), state.epoch
                 self._start_epoch(plan)
-            indices = plan[state.iteration_in_epoch]
-            learning_rate = self.runner.learning_rate()
+            count = self._iterations_for_next_call(len(plan))
+            if count == 1:
+                indices = plan[state.iteration_in_epoch]
+                learning_rate = self.runner.learning_rate()
+                started = time.perf_counter()
+                result = self.runner.run_iteration(
+                    state.epoch, state.iteration, state.iteration_in_epoch, indices
+                )
+                self._after_iteration(result, time.perf_counter() - started, learning_rate, plan)
+                continue
+            first = state.iteration_in_epoch
+            steps = [
+                IterationStep(state.epoch, state.iteration + i, first + i, plan[first + i])
+                for i in range(count)
+            ]
             started = time.perf_counter()
-            result = self.runner.run_iteration(
-                state.epoch, state.iteration, state.iteration_in_epoch, indices
+            results = self.runner.run_iterations(
+                steps, stop_after_nonfinite=not self.skip_nonfinite_batches
             )
-            self._after_iteration(result, time.perf_counter() - started, learning_rate, plan)
+            seconds = (time.perf_counter() - started) / max(len(results), 1)
+            for result in results:
+                self._after_iteration(result, seconds, result.learning_rate, plan)
+
+    def _iterations_for_next_call(self, batches_in_epoch: int) -> int:
+        """How many iterations the runner may take at once from here: up to its
+        ``iterations_per_call``, to the end of the epoch, and to the first iteration after
+        which a trigger (end, validation, checkpoint, parameter histograms) fires — 1 when
+        one of them cannot be predicted (it reads the training loss)."""
+        limit = int(getattr(self.runner, "iterations_per_call", 1))
+        if limit <= 1:
+            return 1
+        triggers = [self.end_trigger]
+        if self._validation is not None:
+            triggers.append(self._validation.trigger)
+        if self._checkpoint is not None:
+            triggers.append(self._checkpoint.trigger)
+        if self.train_summary is not None:
+            triggers.append(self.train_summary.get_summary_trigger("Parameters"))
+        triggers = [trigger for trigger in triggers if trigger is not None]
+        if not all(trigger.predictable for trigger in triggers):
+            return 1
+        ahead = dataclasses.replace(self.state)
+        for count in range(1, limit + 1):
+            ahead.advance(batches_in_epoch)
+            if ahead.epoch_finished or any(trigger(ahead) for trigger in triggers):
+                return count
+        return limit
 
     def _start_epoch(self, plan: list) -> None:
         state = self.state
@@ -325,12 +366,7 @@ class BaseOptimizer:
         else:
             state.loss = result.loss
         epoch = state.epoch + 1  # 1-based, for people
-        state.iteration += 1
-        state.iteration_in_epoch += 1
-        state.epoch_finished = state.iteration_in_epoch >= len(plan)
-        if state.epoch_finished:
-            state.epoch += 1
-            state.iteration_in_epoch = 0
+        state.advance(len(plan))
         self._samples_done += result.samples
         throughput = result.samples / max(seconds, 1e-9)
         if self.train_summary is not None and finite:

@@ -22,6 +22,14 @@ The runner contract
     ``setup.optim_method``'s rule; if the loss is NaN or infinite, change neither the
     weights nor the optimizer state; (3) in both cases advance the learning-rate schedule
     as ``optim_method.on_iteration_end(iteration + 1)`` does.
+``run_iterations(steps, stop_after_nonfinite) -> list[IterationResult]`` (optional)
+    Several consecutive iterations at once (``steps``: :class:`IterationStep` tuples), for a
+    runner whose fixed cost per call dominates (one Spark job). The loop calls it only with
+    at most ``iterations_per_call`` steps, all of one epoch, ending where a trigger may fire,
+    so validation, checkpoints and the end of training see the same states as iteration by
+    iteration. Each result carries the learning rate its iteration used. With
+    ``stop_after_nonfinite``, the iterations after a non-finite loss do nothing and the list
+    ends with that one. The default calls ``run_iteration`` in turn.
 ``end_epoch(epoch, validation_score)``
     ``epoch`` epochs are complete: forward to ``optim_method.on_epoch_end``.
 ``learning_rate() -> float``
@@ -88,20 +96,45 @@ class TrainingSetup:
 
 
 class IterationResult(NamedTuple):
-    """The outcome of one iteration: its mean loss, its sample count, whether it updated."""
+    """The outcome of one iteration: its mean loss, its sample count, whether it updated,
+    and (from ``run_iterations``) the learning rate it used."""
 
     loss: float
     samples: int
     applied: bool = True
+    learning_rate: float | None = None
+
+
+class IterationStep(NamedTuple):
+    """What ``run_iteration`` takes, for one of the iterations of ``run_iterations``."""
+
+    epoch: int
+    iteration: int
+    batch_index: int
+    indices: np.ndarray
 
 
 class IterationRunner:
     """Base class of runners; see the module docstring for the contract."""
 
     setup: TrainingSetup
+    #: The most steps one ``run_iterations`` call takes (1: the loop calls run_iteration).
+    iterations_per_call: int = 1
 
     def prepare(self, setup: TrainingSetup) -> None:
         self.setup = setup
+
+    def run_iterations(
+        self, steps: Sequence[IterationStep], stop_after_nonfinite: bool
+    ) -> list[IterationResult]:
+        results = []
+        for step in steps:
+            learning_rate = self.learning_rate()
+            result = self.run_iteration(*step)._replace(learning_rate=learning_rate)
+            results.append(result)
+            if stop_after_nonfinite and not np.isfinite(result.loss):
+                break
+        return results
 
     def run_iteration(
         self, epoch: int, iteration: int, batch_index: int, indices: np.ndarray

@@ -55,6 +55,15 @@ class TrainingState:
     epoch_score: float | None = None
     skipped_batches: int = 0
 
+    def advance(self, batches_in_epoch: int) -> None:
+        """Count one finished iteration of an epoch of ``batches_in_epoch`` batches."""
+        self.iteration += 1
+        self.iteration_in_epoch += 1
+        self.epoch_finished = self.iteration_in_epoch >= batches_in_epoch
+        if self.epoch_finished:
+            self.epoch += 1
+            self.iteration_in_epoch = 0
+
     def to_dict(self) -> dict:
         """Plain JSON values (non-finite floats as strings, since JSON has none)."""
         return {key: _encode_float(value) for key, value in vars(self).items()}
@@ -75,7 +84,15 @@ def _decode_float(value):
 
 
 class Trigger:
-    """Base class: ``trigger(state)`` says whether to act now."""
+    """Base class: ``trigger(state)`` says whether to act now.
+
+    ``predictable`` says that the trigger reads only the iteration and epoch counts (and the
+    validation score, which changes only when validation runs): the loop may then work out
+    ahead of time where it fires and run the iterations before it in one go. A subclass
+    that reads the training loss, or anything else, keeps the default False.
+    """
+
+    predictable: bool = False
 
     def __call__(self, state: TrainingState) -> bool:
         raise NotImplementedError(f"{type(self).__name__} does not implement __call__")
@@ -99,6 +116,8 @@ def _check_count(owner: str, value) -> int:
 class MaxEpoch(Trigger):
     """Fires once ``max_epoch`` epochs are completed (an end trigger)."""
 
+    predictable = True
+
     def __init__(self, max_epoch: int):
         self.max_epoch = _check_count("MaxEpoch", max_epoch)
 
@@ -111,6 +130,8 @@ class MaxEpoch(Trigger):
 
 class MaxIteration(Trigger):
     """Fires once ``max_iteration`` iterations are completed (an end trigger)."""
+
+    predictable = True
 
     def __init__(self, max_iteration: int):
         self.max_iteration = _check_count("MaxIteration", max_iteration)
@@ -125,12 +146,16 @@ class MaxIteration(Trigger):
 class EveryEpoch(Trigger):
     """Fires right after each epoch ends (for validation, checkpoints, summaries)."""
 
+    predictable = True
+
     def __call__(self, state: TrainingState) -> bool:
         return state.epoch_finished
 
 
 class SeveralIteration(Trigger):
     """Fires after every ``interval``-th iteration (iterations counted over the whole run)."""
+
+    predictable = True
 
     def __init__(self, interval: int):
         self.interval = _check_count("SeveralIteration", interval)
@@ -158,6 +183,8 @@ class MinLoss(Trigger):
 class MaxScore(Trigger):
     """Fires once the last validation score (first validation method) exceeds ``max_score``."""
 
+    predictable = True
+
     def __init__(self, max_score: float):
         self.max_score = float(max_score)
 
@@ -178,6 +205,7 @@ class _Combination(Trigger):
                     f"{type(self).__name__} combines Triggers, got {type(trigger).__name__}"
                 )
         self.triggers = tuple(triggers)
+        self.predictable = all(trigger.predictable for trigger in self.triggers)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({', '.join(repr(t) for t in self.triggers)})"
