@@ -291,15 +291,6 @@ class BaseOptimizer:
                 plan, plan_epoch = self._batch_plan(state.epoch), state.epoch
                 self._start_epoch(plan)
             count = self._iterations_for_next_call(len(plan))
-            if count == 1:
-                indices = plan[state.iteration_in_epoch]
-                learning_rate = self.runner.learning_rate()
-                started = time.perf_counter()
-                result = self.runner.run_iteration(
-                    state.epoch, state.iteration, state.iteration_in_epoch, indices
-                )
-                self._after_iteration(result, time.perf_counter() - started, learning_rate, plan)
-                continue
             first = state.iteration_in_epoch
             steps = [
                 IterationStep(state.epoch, state.iteration + i, first + i, plan[first + i])

@@ -1,11 +1,13 @@
 """DistriOptimizer on ``local-cluster[2,1,2048]``, with one executor JVM killed mid-run.
 
 Started by ``test_local_cluster.py`` in a subprocess (a second SparkContext cannot live
-beside the test session). After iteration ``KILL_AFTER`` it SIGKILLs one executor JVM:
-Spark re-runs the lost tasks elsewhere, recomputes the lost cached partition handles from
-lineage, and the optimizer shards are picked up from their host-local state files. The
-final weights must equal an uninterrupted run's: here, a LocalOptimizer on the same global
-batches. Prints one ``RESULT {json}`` line.
+beside the test session), as ``distri_local_cluster_job.py UPDATE ITERATIONS_PER_JOB``.
+Shortly after the job that runs iteration ``KILL_AFTER`` starts, it SIGKILLs one executor
+JVM: Spark re-runs the lost tasks elsewhere, recomputes lost shuffle outputs (a chained
+job's earlier stages) and cached partition handles from lineage, and the optimizer state
+is picked up from the host-local state files. The final weights must equal an
+uninterrupted run's: here, a LocalOptimizer on the same global batches. Prints one
+``RESULT {json}`` line.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
+import threading
 import time
 
 import numpy as np
@@ -53,7 +57,7 @@ def flat(model):
     return np.concatenate([p.data.ravel() for p in model.parameters()])
 
 
-def main() -> None:
+def main(update: str = "sharded", iterations_per_job: int = 8) -> None:
     spark = get_spark(MASTER, app_name="bigdl_py-distri-local-cluster-test")
     sc = spark.sparkContext
     sc.setLogLevel("ERROR")
@@ -65,20 +69,35 @@ def main() -> None:
         SGD(lr=0.1, momentum=0.9),
         batch_size=64,
         end_trigger=MaxIteration(ITERATIONS),
+        iterations_per_job=iterations_per_job,
+        update=update,
         progress=False,
     )
     jvms_before = sorted(set(sc.parallelize(range(8), 8).mapPartitions(executor_jvm).collect()))
     killed = []
-    run_iteration = optimizer.runner.run_iteration
+    run_iterations = optimizer.runner.run_iterations
 
-    def run_and_kill(epoch, iteration, batch_index, indices):
-        result = run_iteration(epoch, iteration, batch_index, indices)
-        if iteration + 1 == KILL_AFTER:
-            os.kill(jvms_before[-1], signal.SIGKILL)
-            killed.append(jvms_before[-1])
-        return result
+    running = {"job": False, "killed_while_running": False}
 
-    optimizer.runner.run_iteration = run_and_kill
+    def kill():
+        running["killed_while_running"] = running["job"]
+        os.kill(jvms_before[-1], signal.SIGKILL)
+        killed.append(jvms_before[-1])
+
+    def run_and_kill(steps, stop_after_nonfinite):
+        timer = None
+        if not killed and steps[0].iteration < KILL_AFTER <= steps[-1].iteration + 1:
+            timer = threading.Timer(0.3, kill)  # while the job runs (reported below)
+            timer.start()
+        running["job"] = True
+        try:
+            return run_iterations(steps, stop_after_nonfinite)
+        finally:
+            running["job"] = False
+            if timer is not None:
+                timer.join()
+
+    optimizer.runner.run_iterations = run_and_kill  # the loop hands it every iteration
     started = time.perf_counter()
     with optimizer:
         distributed = flat(optimizer.optimize())
@@ -97,11 +116,14 @@ def main() -> None:
     local = flat(reference.optimize())
     report = {
         "master": sc.master,
+        "update": update,
+        "iterations_per_job": iterations_per_job,
         "partitions": optimizer.num_partitions,
         "iterations": optimizer.state.iteration,
         "executor_jvms_before": jvms_before,
         "executor_jvms_after": jvms_after,
         "killed": killed,
+        "killed_while_running": running["killed_while_running"],
         "relative_error": float(np.abs(distributed - local).max() / np.abs(local).max()),
         "moved": float(np.abs(local - flat(classifier())).max()),
         "seconds": seconds,
@@ -111,4 +133,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1], int(sys.argv[2]))

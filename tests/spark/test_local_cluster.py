@@ -57,9 +57,11 @@ DISTRI_JOB = os.path.join(os.path.dirname(JOB), "distri_local_cluster_job.py")
 
 @pytest.mark.slow
 @pytest.mark.spark
-def test_distri_optimizer_survives_a_killed_executor():
-    """Separate executor JVMs; one is SIGKILLed after iteration 10 of 30, and the final
-    weights still equal LocalOptimizer's on the same global batches."""
+@pytest.mark.parametrize("update", ["sharded", "replicated"])
+def test_distri_optimizer_survives_a_killed_executor(update):
+    """Separate executor JVMs; one is SIGKILLed while the chained job of iterations 10-17
+    of 30 runs, and the final weights still equal LocalOptimizer's on the same global
+    batches."""
     pytest.importorskip("pyspark")
     environment = {
         key: value
@@ -70,7 +72,7 @@ def test_distri_optimizer_survives_a_killed_executor():
         filter(None, [REPOSITORY, os.environ.get("PYTHONPATH")])
     )
     completed = subprocess.run(
-        [sys.executable, DISTRI_JOB],
+        [sys.executable, DISTRI_JOB, update, "8"],
         capture_output=True,
         text=True,
         timeout=TIMEOUT_SECONDS,
@@ -85,5 +87,7 @@ def test_distri_optimizer_survives_a_killed_executor():
     assert report["iterations"] == 30
     assert len(report["executor_jvms_before"]) == 2
     assert report["killed"] and report["killed"][0] not in report["executor_jvms_after"]
+    assert report["killed_while_running"]
+    assert report["update"] == update
     assert report["relative_error"] <= 1e-5
     assert report["moved"] > 1e-2
