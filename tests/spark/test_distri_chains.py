@@ -1,0 +1,236 @@
+"""Several iterations per Spark job, and the replicated update, against the one-job-per-
+iteration sharded path and LocalOptimizer.
+
+A chain must be invisible in the results: the same weights, the validation and checkpoints
+at the same iterations, a non-finite loss stopping at the same batch with the weights of
+the batch before it, checkpoints that resume across update modes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from bigdl_py import nn
+from bigdl_py.optim import SGD, Adam, DistriOptimizer
+from bigdl_py.spark import distri_optimizer_tasks as tasks
+from bigdl_py.train import (
+    EveryEpoch,
+    LocalOptimizer,
+    MaxEpoch,
+    MaxIteration,
+    MinLoss,
+    NonFiniteLossError,
+    SeveralIteration,
+    Top1Accuracy,
+    load_checkpoint,
+)
+
+pytestmark = pytest.mark.spark
+
+SAMPLES, FEATURES, CLASSES, BATCH = 203, 10, 3, 30
+
+
+def blobs(seed=0):
+    generator = np.random.default_rng(seed)
+    centres = generator.normal(scale=2.0, size=(CLASSES, FEATURES))
+    labels = generator.integers(0, CLASSES, SAMPLES)
+    features = centres[labels] + generator.normal(size=(SAMPLES, FEATURES))
+    return features.astype(np.float32), labels.astype(np.int64)
+
+
+def classifier():
+    with nn.init.seeded(1):
+        return nn.Sequential(
+            nn.Linear(FEATURES, 16), nn.Tanh(), nn.Linear(16, CLASSES), nn.LogSoftmax()
+        )
+
+
+def flat(model) -> np.ndarray:
+    return np.concatenate([p.data.ravel() for p in model.parameters()])
+
+
+def relative_error(a, b) -> float:
+    return float(np.abs(a - b).max() / np.abs(b).max())
+
+
+def record_calls(optimizer):
+    """The iteration numbers each run_iterations call took, and when validation ran."""
+    calls, validated = [], []
+    runner = optimizer.runner
+    run_iterations, evaluate = runner.run_iterations, runner.evaluate
+
+    def recorded_run(steps, stop_after_nonfinite):
+        calls.append([step.iteration + 1 for step in steps])
+        return run_iterations(steps, stop_after_nonfinite)
+
+    def recorded_evaluate(*arguments, **options):
+        validated.append(optimizer.state.iteration)
+        return evaluate(*arguments, **options)
+
+    runner.run_iterations, runner.evaluate = recorded_run, recorded_evaluate
+    return calls, validated
+
+
+@pytest.mark.parametrize("update", ["sharded", "replicated"])
+@pytest.mark.parametrize(
+    "partitions, method, clip", [(3, "adam", False), (2, "sgd", True), (1, "sgd", False)]
+)
+def test_chains_equal_local_training_with_triggers_in_place(
+    spark, tmp_path, update, partitions, method, clip
+):
+    features, labels = blobs()
+    make_method = {
+        "adam": lambda: Adam(lr=0.01),
+        "sgd": lambda: SGD(lr=0.1, momentum=0.9),
+    }[method]
+    distributed = DistriOptimizer(
+        classifier(),
+        (features, labels),
+        nn.NLLLoss(),
+        make_method(),
+        batch_size=BATCH,
+        end_trigger=MaxIteration(20),
+        num_partitions=partitions,
+        iterations_per_job=8,
+        update=update,
+        progress=False,
+    )
+    local = LocalOptimizer(
+        classifier(),
+        distributed.local_reference_dataset(features, labels),
+        nn.NLLLoss(),
+        make_method(),
+        batch_size=BATCH,
+        end_trigger=MaxIteration(20),
+        progress=False,
+    )
+    for optimizer in (distributed, local):
+        optimizer.set_validation(SeveralIteration(6), (features, labels), [Top1Accuracy()])
+        if clip:
+            optimizer.set_constant_gradient_clipping(-0.5, 0.5)
+            optimizer.set_gradient_clipping_by_l2_norm(0.3)
+    distributed.set_checkpoint(str(tmp_path), SeveralIteration(5))
+    calls, validated = record_calls(distributed)
+    with distributed:
+        result = flat(distributed.optimize())
+    assert relative_error(result, flat(local.optimize())) <= 1e-5
+    assert validated == [6, 12, 18]
+    assert load_checkpoint(str(tmp_path)).iteration == 20
+    assert [i for call in calls for i in call] == list(range(1, 21))
+    if clip and update == "sharded":  # the global norm takes a job of its own
+        assert all(len(call) == 1 for call in calls)
+    else:  # chains, ending where a trigger fires or an epoch ends (7 batches per epoch)
+        assert max(len(call) for call in calls) > 1
+        assert {call[-1] for call in calls} == {5, 6, 7, 10, 12, 14, 15, 18, 20}
+
+
+def diverging_run(update, iterations_per_job, skip=False):
+    """SGD with a learning rate of 1e37: iteration 1 is finite, its step overflows the
+    weights, and iteration 2's loss is infinite — the second iteration of a chain."""
+    features, labels = blobs()
+    return DistriOptimizer(
+        classifier(),
+        (features, labels),
+        nn.NLLLoss(),
+        SGD(lr=1e37, momentum=0.9),
+        batch_size=BATCH,
+        end_trigger=MaxIteration(6),
+        num_partitions=2,
+        iterations_per_job=iterations_per_job,
+        update=update,
+        skip_nonfinite_batches=skip,
+        progress=False,
+    )
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("update", ["sharded", "replicated"])
+def test_nonfinite_loss_inside_a_chain_stops_at_that_batch(spark, update):
+    weights = {}
+    for iterations_per_job in (1, 8):
+        with diverging_run(update, iterations_per_job) as optimizer:
+            with pytest.raises(NonFiniteLossError, match=r"loss is (nan|inf) at iteration 2 "):
+                optimizer.optimize()
+            assert optimizer.state.iteration == 1
+            weights[iterations_per_job] = flat(optimizer.model)
+    assert np.isfinite(weights[8]).all()  # the weights after iteration 1, not after 2
+    np.testing.assert_array_equal(weights[8], weights[1])
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("update", ["sharded", "replicated"])
+def test_skipped_nonfinite_batches_inside_a_chain(spark, update):
+    with diverging_run(update, 1, skip=True) as one_by_one:
+        expected = flat(one_by_one.optimize())
+    with diverging_run(update, 8, skip=True) as chained:
+        result = flat(chained.optimize())
+    assert chained.state.skipped_batches == one_by_one.state.skipped_batches >= 1
+    np.testing.assert_array_equal(result, expected)
+
+
+def test_a_loss_reading_trigger_runs_one_iteration_per_job(spark):
+    features, labels = blobs()
+    optimizer = DistriOptimizer(
+        classifier(),
+        (features, labels),
+        nn.NLLLoss(),
+        SGD(lr=0.1),
+        batch_size=BATCH,
+        end_trigger=MaxIteration(4) | MinLoss(1e-9),
+        num_partitions=2,
+        progress=False,
+    )
+    calls, _ = record_calls(optimizer)
+    with optimizer:
+        optimizer.optimize()
+    assert calls == [[1], [2], [3], [4]]
+
+
+@pytest.mark.parametrize("first, then", [("sharded", "replicated"), ("replicated", "sharded")])
+def test_checkpoints_resume_across_update_modes(spark, tmp_path, first, then):
+    features, labels = blobs()
+
+    def optimizer(update, epochs, model=None):
+        return DistriOptimizer(
+            model or classifier(),
+            (features, labels),
+            nn.NLLLoss(),
+            Adam(lr=0.01),
+            batch_size=BATCH,
+            end_trigger=MaxEpoch(epochs),
+            num_partitions=3,
+            update=update,
+            progress=False,
+        )
+
+    with optimizer(first, 2) as straight:
+        expected = flat(straight.optimize())
+    with optimizer(first, 1) as half:
+        half.set_checkpoint(str(tmp_path), EveryEpoch())
+        half.optimize()
+    shards = load_checkpoint(str(tmp_path)).metadata["optim_layout"]["shards"]
+    assert len(shards) == 3  # one layout, whichever update wrote it
+    with optimizer(then, 2) as resumed:
+        resumed.resume_from(str(tmp_path))
+        result = flat(resumed.optimize())
+    assert relative_error(result, expected) <= 1e-6
+
+
+def test_bad_chain_settings_fail_before_any_job(spark):
+    features, labels = blobs()
+    arguments = (classifier(), (features, labels), nn.NLLLoss(), SGD(lr=0.1))
+    for value in (0, 33, True, 2.5):
+        with pytest.raises(ValueError, match="iterations_per_job"):
+            DistriOptimizer(*arguments, batch_size=BATCH, iterations_per_job=value)
+    with pytest.raises(ValueError, match="update must be"):
+        DistriOptimizer(*arguments, batch_size=BATCH, update="averaged")
+
+
+def test_state_files_are_kept_from_a_chains_start(tmp_path):
+    store = tasks.ShardStateStore(str(tmp_path), 0)
+    for iteration in range(6):
+        store.save(iteration, {"step": np.int64(iteration)}, retain_from=1)
+    assert [store.load(i) is not None for i in range(6)] == [False] + [True] * 5
+    store.save(6, {"step": np.int64(6)})  # the next single iteration: back to two files
+    assert [store.load(i) is not None for i in range(7)] == [False] * 5 + [True] * 2
