@@ -1,19 +1,23 @@
 """DistriOptimizer speed and long-run boundedness, by hand (results in bench/RESULTS.md).
 
     python bench/distributed.py lenet [--batch-sizes 128 512] [--partitions 2] [--iterations 60]
+                                      [--modes sharded:1 sharded:8 replicated:8]
     python bench/distributed.py cnn   [--batch-sizes 128] [--partitions 2] [--iterations 20]
-    python bench/distributed.py long  [--iterations 1000]
+    python bench/distributed.py long  [--iterations 1000] [--mode sharded:8]
 
 ``lenet`` trains LeNet-5 (Fashion-MNIST when installed, else random images of its shape) in
-``local[2]`` with bigdl_py's recommended settings, and reports samples/s and the median
-per-iteration breakdown the trainer measures (``DistriOptimizer.last_iteration_timings``):
-``to_first_task`` (job submission, scheduling, task deserialisation, Python worker
-hand-off), ``forward_backward`` (slowest partition), ``shuffle`` (map output written, stage
-boundary, fetch, hand-off to the owner's Python code), ``update`` (slowest owner: sum of the
-slices + OptimMethod step + state kept), ``to_driver`` (result back to collect()), and the
-driver's own share (the loop around the job). The same model's LocalOptimizer samples/s in
-this process is printed beside it. ``cnn`` does the same for bench/engine.py's CIFAR CNN on
-random 3x32x32 images.
+``local[2]`` with bigdl_py's recommended settings, once per mode ``UPDATE:ITERATIONS_PER_JOB``
+(``DistriOptimizer(update=..., iterations_per_job=...)``), and reports samples/s and the
+per-iteration breakdown the trainer measures (``DistriOptimizer.last_iteration_timings``).
+For one iteration per job (median over iterations): ``to_first_task`` (job submission,
+scheduling, task deserialisation, Python worker hand-off), ``forward_backward`` (slowest
+partition), ``shuffle`` (map output written, stage boundary, fetch, hand-off to the owner's
+Python code), ``update`` (slowest owner: sum of the slices + OptimMethod step + state
+kept), ``to_driver`` (result back to collect()). For every mode: ``spark`` (the job's time
+per iteration less forward-backward and update: Spark's stages, shuffles and Python
+hand-offs) and ``driver`` (the loop and building the job's RDDs, per iteration). The same
+model's LocalOptimizer samples/s in this process is printed beside it. ``cnn`` does the
+same for bench/engine.py's CIFAR CNN on random 3x32x32 images.
 
 ``long`` runs 1,000 iterations of a small model and samples, every 100 iterations: the
 driver's RSS, the executors' Python workers' RSS, the JVM heap in use, the number of
@@ -56,18 +60,47 @@ def training_images():
 
 
 def timed_iterations(optimizer):
-    """Wrap the runner so each iteration's wall time and breakdown are recorded."""
+    """Wrap the runner so each call's wall time, iteration count and breakdown are kept."""
     records = []
-    run_iteration = optimizer.runner.run_iteration
+    run_iterations = optimizer.runner.run_iterations
 
-    def recorded(*arguments):
+    def recorded(steps, stop_after_nonfinite):
         started = time.perf_counter()
-        result = run_iteration(*arguments)
-        records.append((time.perf_counter() - started, optimizer.last_iteration_timings))
-        return result
+        results = run_iterations(steps, stop_after_nonfinite)
+        records.append(
+            (time.perf_counter() - started, len(results), optimizer.last_iteration_timings)
+        )
+        return results
 
-    optimizer.runner.run_iteration = recorded
+    optimizer.runner.run_iterations = recorded
     return records
+
+
+def summarise(records, warmup):
+    """Per-iteration means over the calls after ``warmup`` iterations: seconds, forward-
+    backward, update, Spark's share, the driver's share; and the one-job phase medians."""
+    kept, done = [], 0
+    for record in records:
+        if done >= warmup:
+            kept.append(record)
+        done += record[1]
+    iterations = sum(count for _, count, _ in kept)
+    wall = sum(seconds for seconds, _, _ in kept)
+    job = sum(timings["job"] for _, _, timings in kept)
+    compute = {
+        phase: sum(timings[phase] * count for _, count, timings in kept) / iterations
+        for phase in ("forward_backward", "update")
+    }
+    summary = {
+        "iteration": wall / iterations,
+        **compute,
+        "spark": job / iterations - compute["forward_backward"] - compute["update"],
+        "driver": (wall - job) / iterations,
+    }
+    if all("to_first_task" in timings for _, _, timings in kept):
+        for phase in PHASES:
+            summary[phase] = statistics.median(timings[phase] for _, _, timings in kept)
+    return summary
 
 
 def cifar_cnn():
@@ -90,35 +123,24 @@ MODELS = {
 }
 
 
-def bench_model(model_key, batch_sizes, partitions, iterations, warmup=10):
+def parse_mode(text: str) -> tuple[str, int]:
+    update, _, per_job = text.partition(":")
+    return update, int(per_job or 1)
+
+
+def bench_model(model_key, batch_sizes, partitions, iterations, modes, warmup=10):
     name, build_model, load_data = MODELS[model_key]
     spark = get_spark("local[2]", app_name="bigdl_py bench distributed")
     spark.sparkContext.setLogLevel("ERROR")
     (features, labels), source = load_data()
     print(
         f"{name} on {source}, local[2], {partitions} partitions, {iterations} iterations "
-        f"after {warmup} warm-up; medians in ms"
+        f"after {warmup} warm-up; ms per iteration (means; one-job phases: medians)"
     )
-    header = ["batch", "samples/s", "iteration", *PHASES, "driver", "local samples/s"]
-    print(" | ".join(header))
+    header = ["batch", "update", "per job", "samples/s", "iteration", "forward_backward"]
+    header += ["update", "spark", "driver", *PHASES[:1], *PHASES[2:3], *PHASES[4:]]
+    print(" | ".join(header) + " | local samples/s")
     for batch_size in batch_sizes:
-        optimizer = DistriOptimizer(
-            build_model(),
-            (features, labels),
-            nn.NLLLoss(),
-            SGD(lr=0.05, momentum=0.9),
-            batch_size=batch_size,
-            end_trigger=MaxIteration(warmup + iterations),
-            num_partitions=partitions,
-            progress=False,
-        )
-        records = timed_iterations(optimizer)
-        with optimizer:
-            optimizer.optimize()
-        kept = records[warmup:]
-        total = statistics.median(seconds for seconds, _ in kept)
-        phases = {p: statistics.median(t[p] for _, t in kept) for p in PHASES}
-        driver = statistics.median(seconds - t["job"] for seconds, t in kept)
         local = LocalOptimizer(
             build_model(),
             (features[: batch_size * 40], labels[: batch_size * 40]),
@@ -131,10 +153,30 @@ def bench_model(model_key, batch_sizes, partitions, iterations, warmup=10):
         started = time.perf_counter()
         local.optimize()
         local_rate = batch_size * 40 / (time.perf_counter() - started)
-        row = [str(batch_size), f"{batch_size / total:.0f}", f"{total * 1000:.0f}"]
-        row += [f"{phases[p] * 1000:.0f}" for p in PHASES]
-        row += [f"{driver * 1000:.0f}", f"{local_rate:.0f}"]
-        print(" | ".join(row), flush=True)
+        for update, per_job in modes:
+            optimizer = DistriOptimizer(
+                build_model(),
+                (features, labels),
+                nn.NLLLoss(),
+                SGD(lr=0.05, momentum=0.9),
+                batch_size=batch_size,
+                end_trigger=MaxIteration(warmup + iterations),
+                num_partitions=partitions,
+                update=update,
+                iterations_per_job=per_job,
+                progress=False,
+            )
+            records = timed_iterations(optimizer)
+            with optimizer:
+                optimizer.optimize()
+            summary = summarise(records, warmup)
+            row = [str(batch_size), update, str(per_job)]
+            row.append(f"{batch_size / summary['iteration']:.0f}")
+            for key in ("iteration", "forward_backward", "update", "spark", "driver"):
+                row.append(f"{summary[key] * 1000:.0f}")
+            for key in ("to_first_task", "shuffle", "to_driver"):
+                row.append(f"{summary[key] * 1000:.0f}" if key in summary else "-")
+            print(" | ".join(row) + f" | {local_rate:.0f}", flush=True)
     spark.stop()
 
 
@@ -155,7 +197,7 @@ def python_worker_rss(rows):
     yield rss_mb(os.getpid())
 
 
-def bench_long(iterations, every=100):
+def bench_long(iterations, mode, every=100):
     spark = get_spark("local[2]", app_name="bigdl_py bench long run")
     sc = spark.sparkContext
     sc.setLogLevel("ERROR")
@@ -171,6 +213,8 @@ def bench_long(iterations, every=100):
         batch_size=64,
         end_trigger=MaxIteration(iterations),
         num_partitions=2,
+        update=mode[0],
+        iterations_per_job=mode[1],
         progress=False,
     )
     local_dir = sc.getConf().get("spark.local.dir", "/tmp")
@@ -179,15 +223,15 @@ def bench_long(iterations, every=100):
         "iteration | driver RSS MB | worker RSS MB (max) | JVM heap used MB | shuffle files "
         "| state files | lineage depth | ms/iteration"
     )
-    run_iteration = optimizer.runner.run_iteration
-    marks = {"time": time.perf_counter()}
+    run_iterations = optimizer.runner.run_iterations
+    marks = {"time": time.perf_counter(), "done": 0}
 
-    def sampled(epoch, iteration, batch_index, indices):
-        result = run_iteration(epoch, iteration, batch_index, indices)
-        done = iteration + 1
-        if done % every == 0:
+    def sampled(steps, stop_after_nonfinite):
+        results = run_iterations(steps, stop_after_nonfinite)
+        done = steps[0].iteration + len(results)
+        if done // every > marks["done"] // every:
             run = optimizer.runner.run
-            seconds = (time.perf_counter() - marks["time"]) / every
+            seconds = (time.perf_counter() - marks["time"]) / (done - marks["done"])
             worker_rss = max(sc.parallelize(range(2), 2).mapPartitions(python_worker_rss).collect())
             shuffle_files = len(glob.glob(os.path.join(local_dir, "blockmgr-*", "*", "shuffle_*")))
             state_files = len(
@@ -200,10 +244,10 @@ def bench_long(iterations, every=100):
                 f"{seconds * 1000:.0f}",
                 flush=True,
             )
-            marks["time"] = time.perf_counter()
-        return result
+            marks["time"], marks["done"] = time.perf_counter(), done
+        return results
 
-    optimizer.runner.run_iteration = sampled
+    optimizer.runner.run_iterations = sampled
     with optimizer:
         optimizer.optimize()
     spark.stop()
@@ -216,19 +260,29 @@ def main(argv=None):
     lenet.add_argument("--batch-sizes", type=int, nargs="+", default=[128, 512])
     lenet.add_argument("--partitions", type=int, default=2)
     lenet.add_argument("--iterations", type=int, default=60)
+    modes = ["sharded:1", "sharded:8", "replicated:8"]
+    lenet.add_argument(
+        "--modes", type=parse_mode, nargs="+", default=[parse_mode(m) for m in modes]
+    )
     cnn = commands.add_parser("cnn")
     cnn.add_argument("--batch-sizes", type=int, nargs="+", default=[128])
     cnn.add_argument("--partitions", type=int, default=2)
     cnn.add_argument("--iterations", type=int, default=20)
+    cnn.add_argument("--modes", type=parse_mode, nargs="+", default=[parse_mode(m) for m in modes])
     long_run = commands.add_parser("long")
     long_run.add_argument("--iterations", type=int, default=1000)
+    long_run.add_argument("--mode", type=parse_mode, default=parse_mode("sharded:8"))
     arguments = parser.parse_args(argv)
     if arguments.command in MODELS:
         bench_model(
-            arguments.command, arguments.batch_sizes, arguments.partitions, arguments.iterations
+            arguments.command,
+            arguments.batch_sizes,
+            arguments.partitions,
+            arguments.iterations,
+            arguments.modes,
         )
     else:
-        bench_long(arguments.iterations)
+        bench_long(arguments.iterations, arguments.mode)
 
 
 if __name__ == "__main__":

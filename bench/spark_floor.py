@@ -550,15 +550,16 @@ def _to_every_owner(count):
     return send
 
 
-def _chained_iterations(sc, count, iterations):
-    """One job: per iteration a reduce-scatter shuffle and an all-gather shuffle (tiny data).
+def _chained_iterations(sc, count, iterations, shuffles_per_iteration=2):
+    """One job: per iteration a reduce-scatter shuffle and an all-gather shuffle (tiny data),
+    as the sharded update chains them; or one all-to-all shuffle, as the replicated one.
 
     In PySpark the reduce side of one shuffle and the map side of the next run in the same
-    Python task, so each iteration adds two stages and no driver round trip.
+    Python task, so each iteration adds one stage per shuffle and no driver round trip.
     """
     rdd = sc.parallelize(range(count), count)
     for _ in range(iterations):
-        for _ in ("reduce-scatter", "all-gather"):
+        for _ in range(shuffles_per_iteration):
             rdd = rdd.mapPartitionsWithIndex(_to_every_owner(count)).partitionBy(
                 count, lambda key: key
             )
@@ -566,14 +567,18 @@ def _chained_iterations(sc, count, iterations):
 
 
 def run_chain(iteration_counts, count, repeats):
-    """Time per iteration when k iterations share one job, against one job per iteration."""
+    """Time per iteration when k iterations share one job, against one job per iteration,
+    with two shuffles per iteration (sharded update) and with one (replicated update)."""
     spark = _bench_session()
     sc = spark.sparkContext
-    print("| iterations per job | ms per job | ms per iteration |")
+    print("| iterations per job | 2 stages/iteration: ms per iteration | 1 stage/iteration |")
     print("|---|---|---|")
     for iterations in iteration_counts:
-        per_job = _time_ms(functools.partial(_chained_iterations, sc, count, iterations), repeats)
-        print(f"| {iterations} | {per_job} | {per_job / iterations:.1f} |", flush=True)
+        cells = []
+        for shuffles in (2, 1):
+            job = functools.partial(_chained_iterations, sc, count, iterations, shuffles)
+            cells.append(f"{_time_ms(job, repeats) / iterations:.1f}")
+        print(f"| {iterations} | {cells[0]} | {cells[1]} |", flush=True)
     spark.stop()
 
 
@@ -604,7 +609,7 @@ def main(argv=None):
     cache.add_argument("--jobs", type=int, default=50)
     cache.add_argument("--partitions", type=int, nargs="*", default=[2, 4])
     chain = sub.add_parser("chain")
-    chain.add_argument("--iterations", type=int, nargs="*", default=[1, 2, 4, 8])
+    chain.add_argument("--iterations", type=int, nargs="*", default=[1, 2, 4, 8, 16])
     chain.add_argument("--partitions", type=int, default=2)
     chain.add_argument("--repeats", type=int, default=9)
     replica = sub.add_parser("replica-rdd")

@@ -67,6 +67,20 @@ def parse_arguments(argv=None) -> argparse.Namespace:
         default="float32",
         help="precision of gradient slices in the shuffle",
     )
+    parser.add_argument(
+        "--update",
+        choices=("sharded", "replicated"),
+        default="sharded",
+        help="sharded: BigDL's AllReduce, each partition steps its slice (two stages per "
+        "iteration); replicated: every partition steps the whole vector (one stage per "
+        "iteration, faster for small models)",
+    )
+    parser.add_argument(
+        "--iterations-per-job",
+        type=int,
+        default=8,
+        help="iterations chained into one Spark job (1 to 32)",
+    )
     parser.add_argument("--no-progress", action="store_true")
     return check_training_arguments(parser, parser.parse_args(argv))
 
@@ -104,6 +118,8 @@ def main(argv=None) -> float:
         end_trigger=MaxEpoch(arguments.epochs),
         num_partitions=partitions,
         wire_dtype=arguments.wire_dtype,
+        update=arguments.update,
+        iterations_per_job=arguments.iterations_per_job,
         seed=arguments.seed,
         device=arguments.device,
         progress=not arguments.no_progress,

@@ -1,6 +1,7 @@
-"""The Spark side of a DistriOptimizer: cached partition data, and the jobs of each iteration.
+"""The Spark side of a DistriOptimizer: cached partition data, and the jobs of the iterations.
 
-Per iteration (BigDL's AllReduceParameter, with Spark's public APIs only), ONE job:
+One iteration (BigDL's AllReduceParameter, with Spark's public APIs only), as
+:meth:`SparkTrainingRun.run_iteration` runs it in ONE job:
 
 * the driver ships the current flat weights (in the task closure when small, else by a
   broadcast that is destroyed after the job);
@@ -19,10 +20,30 @@ With global L2-norm clipping the update needs the norm of the *summed* gradient,
 after every owner has summed its slice: owners then return their squared norms in the first
 job and step in a second, small job over ``owner_rdd``.
 
+Spark's fixed cost per job and per stage dominates a small model's iteration
+(bench/RESULTS.md), so several iterations can share one job:
+
+* :meth:`SparkTrainingRun.run_chain` (sharded update): the same two stages per iteration,
+  but the owners send their updated slices to every partition through a second shuffle (an
+  all-gather) that the next iteration's forward-backward stage reads; only the last
+  iteration's slices reach the driver.
+* :meth:`SparkTrainingRun.run_replicated_chain` (replicated update, PyTorch DDP's way):
+  every partition sends its whole gradient to every partition, and each one sums them and
+  steps the whole vector with its own full optimizer state before its next
+  forward-backward — ONE stage per iteration, N times the shuffle bytes.
+
+Every chained stage is a pure function of its shuffle input and the state files on its
+host's disk (kept from the chain's start), so Spark can recompute any of them after losing
+an executor and get the same bytes.
+
 PySpark has no ``zipPartitions``; the replicas live in the Python workers' caches, keyed by
 partition, next to the data they train on (the cached handle RDD), which is what BigDL's
 zipped model and data RDDs achieve: partition ``j``'s replica trains on partition ``j``'s data
-on the executor that holds it, and is rebuilt from the run spec wherever that moves.
+on the executor that holds it, and is rebuilt from the run spec wherever that moves. A
+chained stage after the first reads a shuffle, not the cached handles: it finds its data
+through the partition's handle on its host (local and local-cluster modes share one disk;
+on a multi-host cluster without a shared ``BIGDL_PY_STATE_DIR``, a task that lands away
+from its data fails with a message that says so — use ``iterations_per_job=1`` there).
 """
 
 from __future__ import annotations

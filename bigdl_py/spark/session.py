@@ -41,8 +41,8 @@ RECOMMENDED_CONF: dict[str, str] = {
     "spark.executorEnv.OMP_NUM_THREADS": "1",
     "spark.executorEnv.OPENBLAS_NUM_THREADS": "1",
     "spark.executorEnv.MKL_NUM_THREADS": "1",
-    # Training runs a job per iteration: Spark's console stage bar would redraw over our own
-    # progress bar hundreds of times per epoch.
+    # Training runs a job every few iterations: Spark's console stage bar would redraw over
+    # our own progress bar dozens of times per epoch.
     "spark.ui.showConsoleProgress": "false",
     # Each iteration's shuffle files are deleted only once the driver JVM garbage-collects
     # that iteration's RDDs, and its heap, mostly idle, can go 30 minutes (Spark's default)
