@@ -78,8 +78,9 @@ def parse_arguments(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--iterations-per-job",
         type=int,
-        default=8,
-        help="iterations chained into one Spark job (1 to 32)",
+        default=None,
+        help="iterations chained into one Spark job, 1 to 32 (default: 8 where the executors "
+        "share a disk, else 1)",
     )
     parser.add_argument("--no-progress", action="store_true")
     return check_training_arguments(parser, parser.parse_args(argv))

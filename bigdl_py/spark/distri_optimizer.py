@@ -400,8 +400,11 @@ class DistriOptimizer(BaseOptimizer):
         Each update runs ``batch_size`` in this many micro-batches per partition whose
         gradients add up: the same update as one batch of ``batch_size``, with the memory of
         a ``batch_size / gradient_accumulation`` batch.
-    iterations_per_job : int
-        Iterations chained into one Spark job (1 to ``MAX_ITERATIONS_PER_JOB``): each
+    iterations_per_job : int, optional
+        Iterations chained into one Spark job (1 to ``MAX_ITERATIONS_PER_JOB``; default
+        ``DEFAULT_ITERATIONS_PER_JOB`` where the executors share a disk — local modes, one
+        host, or a shared ``BIGDL_PY_STATE_DIR`` — else 1, because a chained stage may run
+        away from its partition's files; see ``session.executors_share_a_disk``): each
         iteration stays two stages with the same AllReduce, but the weights pass from one
         iteration's owners to the next iteration's replicas through a shuffle instead of
         the driver, and Spark's fixed cost of a job is paid once per chain. A chain ends
@@ -454,7 +457,7 @@ class DistriOptimizer(BaseOptimizer):
         feature_shape: Any = None,
         wire_dtype: str | None = None,
         gradient_accumulation: int = 1,
-        iterations_per_job: int = DEFAULT_ITERATIONS_PER_JOB,
+        iterations_per_job: int | None = None,
         update: str = "sharded",
         seed: int = 0,
         shuffle: bool = True,
@@ -472,7 +475,7 @@ class DistriOptimizer(BaseOptimizer):
             raise ValueError(
                 f"gradient_accumulation must be a positive integer, got {gradient_accumulation!r}"
             )
-        if (
+        if iterations_per_job is not None and (
             isinstance(iterations_per_job, bool)
             or not isinstance(iterations_per_job, numbers.Integral)
             or not 1 <= iterations_per_job <= MAX_ITERATIONS_PER_JOB
@@ -511,7 +514,7 @@ class DistriOptimizer(BaseOptimizer):
                     "wire_dtype": wire_dtype,
                     "gradient_accumulation": int(gradient_accumulation),
                     "device": device,
-                    "iterations_per_job": int(iterations_per_job),
+                    "iterations_per_job": iterations_per_job,
                     "update": update,
                 }
             ),
@@ -519,6 +522,11 @@ class DistriOptimizer(BaseOptimizer):
             progress=progress,
         )
         self.data = PartitionedData(sc, rdd, num_partitions, sources=sources)
+        if iterations_per_job is None:  # the executors are known now (the data is on them)
+            from bigdl_py.spark.session import executors_share_a_disk
+
+            shared = executors_share_a_disk(sc)
+            self.runner.options["iterations_per_job"] = DEFAULT_ITERATIONS_PER_JOB if shared else 1
         try:
             self.training_set = SparkTrainingSet(self.data, self.batch_size, seed, shuffle)
         except ValueError:

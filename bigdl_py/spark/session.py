@@ -233,6 +233,23 @@ def task_slots(sc: SparkContext) -> int:
     return max(1, sc.defaultParallelism // cpus_per_task)
 
 
+def executors_share_a_disk(sc: SparkContext) -> bool:
+    """Whether every executor can read the files another one wrote on its local disk.
+
+    True in local and local-cluster mode, when ``BIGDL_PY_STATE_DIR`` names a directory
+    (meant to be shared), and when every executor registered so far runs on one host (a
+    standalone cluster on one machine). Spark places a task that reads a shuffle on any
+    executor; bigdl_py's per-host files then must be reachable from all of them.
+    """
+    if _LOCAL_MASTER.match(sc.master) or _LOCAL_CLUSTER_MASTER.match(sc.master):
+        return True
+    if os.environ.get("BIGDL_PY_STATE_DIR"):
+        return True
+    infos = sc._jsc.sc().statusTracker().getExecutorInfos()  # the driver's entry included
+    hosts = {info.host() for info in infos}
+    return len(hosts) <= 1
+
+
 def set_job_description(sc: SparkContext, description: str | None) -> None:
     """Label the jobs this thread starts from now on in the Spark UI (``None`` clears it)."""
     sc.setLocalProperty("spark.job.description", description)  # type: ignore[arg-type]

@@ -99,6 +99,57 @@ def test_task_slots_by_master(master, settings, expected):
     assert task_slots(_FakeContext(master, settings)) == expected
 
 
+class _FakeExecutors:
+    """``sc._jsc.sc().statusTracker().getExecutorInfos()`` of a cluster on ``hosts``."""
+
+    class _Info:
+        def __init__(self, host):
+            self._host = host
+
+        def host(self):
+            return self._host
+
+    def __init__(self, master, hosts):
+        self.master = master
+        self._hosts = hosts
+
+    @property
+    def _jsc(self):
+        return self
+
+    def sc(self):
+        return self
+
+    def statusTracker(self):
+        return self
+
+    def getExecutorInfos(self):
+        return [self._Info(host) for host in self._hosts]
+
+
+@pytest.mark.parametrize(
+    ("master", "hosts", "state_dir", "expected"),
+    [
+        ("local[2]", ["a", "b"], None, True),
+        ("local-cluster[2,1,1024]", ["a", "b"], None, True),
+        ("spark://a:7077", ["a", "a", "a"], None, True),
+        ("yarn", ["driver", "b", "c"], None, False),
+        ("yarn", ["driver", "b", "c"], "/shared/state", True),
+    ],
+)
+def test_executors_share_a_disk(monkeypatch, master, hosts, state_dir, expected):
+    monkeypatch.delenv("BIGDL_PY_STATE_DIR", raising=False)
+    if state_dir:
+        monkeypatch.setenv("BIGDL_PY_STATE_DIR", state_dir)
+    assert session.executors_share_a_disk(_FakeExecutors(master, hosts)) is expected
+
+
+def test_executors_share_a_disk_reads_the_real_status_tracker(sc):
+    infos = sc._jsc.sc().statusTracker().getExecutorInfos()
+    assert {info.host() for info in infos}  # the API the check relies on answers
+    assert session.executors_share_a_disk(sc)
+
+
 def test_task_slots_of_local_star_ignores_a_set_default_parallelism():
     context = _FakeContext("local[*]", {"spark.default.parallelism": "100"})
     assert task_slots(context) == (os.cpu_count() or 1)
