@@ -105,15 +105,19 @@ def test_clipping_changes_the_result(spark):
     assert relative_error(clipped, free) > 1e-3
 
 
-def test_gradient_accumulation_equals_one_big_batch(spark):
-    _, accumulated, local = train_both(2, "adam", False, iterations=8, gradient_accumulation=3)
+@pytest.mark.parametrize("update", ["sharded", "replicated"])
+def test_gradient_accumulation_equals_one_big_batch(spark, update):
+    _, accumulated, local = train_both(
+        2, "adam", False, iterations=8, gradient_accumulation=3, update=update
+    )
     assert relative_error(accumulated, local) <= 1e-5
 
 
+@pytest.mark.parametrize("update", ["sharded", "replicated"])
 @pytest.mark.parametrize("wire_dtype, bound", [("float16", 2e-3), ("bfloat16", 2e-2)])
-def test_half_precision_gradients_stay_close(spark, wire_dtype, bound):
+def test_half_precision_gradients_stay_close(spark, wire_dtype, bound, update):
     _, compressed, local = train_both(
-        3, "sgd_momentum", False, iterations=10, wire_dtype=wire_dtype
+        3, "sgd_momentum", False, iterations=10, wire_dtype=wire_dtype, update=update
     )
     error = relative_error(compressed, local)
     assert 0 < error <= bound
