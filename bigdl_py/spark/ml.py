@@ -346,6 +346,10 @@ class NNEstimator(Estimator, NNEstimatorParams, _NNStage, MLReadable):
     def setSeed(self, value: int) -> NNEstimator:
         return self._set(seed=value)
 
+    def setUpdateMode(self, value: str) -> NNEstimator:
+        """``"sharded"`` (default) or ``"replicated"``: see ``DistriOptimizer(update=)``."""
+        return self._set(updateMode=value)
+
     def setDevice(self, value: str) -> NNEstimator:
         return self._set(device=value)
 
@@ -478,6 +482,7 @@ class NNEstimator(Estimator, NNEstimatorParams, _NNStage, MLReadable):
             label_col=self.getLabelCol(),
             feature_shape=self.feature_shape(),
             seed=self.getSeed(),
+            update=self.getUpdateMode(),
             spark=spark,
         )
         try:

@@ -149,6 +149,13 @@ def _positive_int(name: str):
     return convert
 
 
+def to_update_mode(value: Any) -> str:
+    mode = TypeConverters.toString(value)
+    if mode not in ("sharded", "replicated"):
+        raise ValueError(f'updateMode must be "sharded" or "replicated", got {value!r}')
+    return mode
+
+
 def _non_negative_float(name: str):
     def convert(value: Any) -> float:
         number = TypeConverters.toFloat(value)
@@ -301,6 +308,14 @@ class NNEstimatorParams(NNModelParams, HasLabelCol):
         "data partitions = model replicas (default: the cluster's task slots)",
         typeConverter=_optional(_positive_int("numPartitions")),
     )
+    updateMode = Param(
+        Params._dummy(),
+        "updateMode",
+        'how the summed gradient updates the weights: "sharded" (BigDL\'s AllReduce: each '
+        'partition steps its slice) or "replicated" (every partition steps the whole vector: '
+        "one Spark stage per iteration, faster for small models)",
+        typeConverter=to_update_mode,
+    )
     seed = Param(
         Params._dummy(),
         "seed",
@@ -344,6 +359,7 @@ class NNEstimatorParams(NNModelParams, HasLabelCol):
             batchSize=32,
             maxEpoch=10,
             learningRate=1e-3,
+            updateMode="sharded",
             seed=0,
             checkpointOverwrite=True,
         )
@@ -372,6 +388,9 @@ class NNEstimatorParams(NNModelParams, HasLabelCol):
 
     def getSeed(self) -> int:
         return self.getOrDefault(self.seed)
+
+    def getUpdateMode(self) -> str:
+        return self.getOrDefault(self.updateMode)
 
 
 class NNClassifierModelParams(NNModelParams, HasProbabilityCol):

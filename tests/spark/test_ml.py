@@ -102,6 +102,7 @@ def test_setters_chain_return_self_and_validate():
         .setFeatureShape((2,))
         .setNumPartitions(4)
         .setSeed(7)
+        .setUpdateMode("replicated")
         .setCheckpoint("/tmp/checkpoints", SeveralIteration(10), isOverWrite=False)
         .setConstantGradientClipping(-1.0, 1.0)
         .setGradientClippingByL2Norm(5.0)
@@ -112,7 +113,7 @@ def test_setters_chain_return_self_and_validate():
     assert classifier.getPredictionCol() == "p" and classifier.getProbabilityCol() == ""
     assert classifier.getBatchSize() == 64 and classifier.getMaxEpoch() == 3
     assert classifier.getFeatureShape() == [2] and classifier.getNumPartitions() == 4
-    assert classifier.getDevice() == "cpu"
+    assert classifier.getDevice() == "cpu" and classifier.getUpdateMode() == "replicated"
     method = classifier.getOptimMethod()
     assert isinstance(method, SGD) and method.momentum == 0.9
     # An explicitly set learning rate replaces the method's own, on a fresh instance.
@@ -124,6 +125,8 @@ def test_setters_chain_return_self_and_validate():
 
     with pytest.raises(ValueError, match="batchSize"):
         classifier.setBatchSize(0)
+    with pytest.raises(ValueError, match="updateMode"):
+        classifier.setUpdateMode("averaged")
     with pytest.raises(TypeError, match="optimMethod"):
         classifier.setOptimMethod("adam")
     with pytest.raises(ValueError, match="positive"):
@@ -224,6 +227,7 @@ def test_unfitted_pipeline_save_load_keeps_estimator_params(tmp_path):
         .setOptimMethod(Adam(lr=0.01))
         .setEndWhen(MaxEpoch(2) | MinLoss(0.1))
         .setFeatureShape([2])
+        .setUpdateMode("replicated")
         .setCheckpoint(str(tmp_path / "checkpoints"))
     )
     path = str(tmp_path / "pipeline")
@@ -235,7 +239,7 @@ def test_unfitted_pipeline_save_load_keeps_estimator_params(tmp_path):
     assert repr(loaded.getEndWhen()) == repr(classifier.getEndWhen())
     assert isinstance(loaded.criterion, nn.CrossEntropyLoss)
     assert loaded.criterion.label_smoothing == 0.1
-    assert loaded.getFeatureShape() == [2]
+    assert loaded.getFeatureShape() == [2] and loaded.getUpdateMode() == "replicated"
     for name, value in classifier.model.state_dict().items():
         np.testing.assert_array_equal(loaded.model.state_dict()[name], value)
 
@@ -254,6 +258,7 @@ def test_estimator_fit_validates_and_returns_the_trained_regression_model(spark,
         estimator.setBatchSize(32)
         .setEndWhen(MaxIteration(2))
         .setLearningRate(0.1)
+        .setUpdateMode("replicated")
         .setValidation(SeveralIteration(1), df.limit(40), [Loss()])
         .setValidationSummary(summary)
         .fit(df)
