@@ -6,6 +6,8 @@ Run by hand (each part takes minutes on a shared 2-core machine)::
     python bench/spark_floor.py allreduce [--sizes-mb 1 4 16 64] [--partitions 2 4]
     python bench/spark_floor.py worker-cache [--jobs 50]
     python bench/spark_floor.py serialization
+    python bench/spark_floor.py chain
+    python bench/spark_floor.py overlap [--per-job 8] [--compute-ms 18]
 
 ``floor`` starts one child process (one SparkSession) per settings candidate and times four
 kinds of job, interleaved so that load from other processes hits them alike: an empty
@@ -582,6 +584,80 @@ def run_chain(iteration_counts, count, repeats):
     spark.stop()
 
 
+def _busy_stage(step, compute_seconds, elements, count):
+    """A replicated-chain-like stage: read everything, spin ``compute_seconds`` (the model),
+    send a gradient of ``elements`` float32 to every partition and the weights to itself."""
+
+    def stage(partition, iterator):
+        import numpy as np
+
+        list(iterator)
+        started = time.perf_counter()
+        while time.perf_counter() - started < compute_seconds:
+            pass
+        gradient = np.ones(elements, np.float32)
+        for destination in range(count):
+            yield (
+                destination,
+                (partition, step, gradient, gradient if destination == partition else None),
+            )
+
+    return stage
+
+
+def _replicated_like_chain(sc, count, per_job, compute_seconds, elements):
+    rdd = sc.parallelize(range(count), count)
+    for step in range(per_job + 1):
+        rdd = rdd.mapPartitionsWithIndex(_busy_stage(step, compute_seconds, elements, count))
+        if step < per_job:
+            rdd = rdd.partitionBy(count, lambda key: key)
+    return rdd
+
+
+def run_overlap(count, per_job, chains, rounds, compute_ms, elements):
+    """Per-iteration time of back-to-back chained jobs, building each job's RDDs on the
+    driver before submitting it, or in a thread while the previous job runs."""
+    import threading
+
+    spark = _bench_session()
+    sc = spark.sparkContext
+    build = functools.partial(
+        _replicated_like_chain, sc, count, per_job, compute_ms / 1e3, elements
+    )
+
+    def serial():
+        started = time.perf_counter()
+        for _ in range(chains):
+            build().collect()
+        return (time.perf_counter() - started) * 1e3 / (chains * per_job)
+
+    def overlapped():
+        started = time.perf_counter()
+        following = build()
+        for index in range(chains):
+            current, box, thread = following, {}, None
+            if index < chains - 1:
+                thread = threading.Thread(target=lambda box=box: box.setdefault("rdd", build()))
+                thread.start()
+            current.collect()
+            if thread is not None:
+                thread.join()
+                following = box["rdd"]
+        return (time.perf_counter() - started) * 1e3 / (chains * per_job)
+
+    serial(), overlapped()  # warm-up
+    results = {"serial": [], "overlapped": []}
+    for _ in range(rounds):
+        results["serial"].append(serial())
+        results["overlapped"].append(overlapped())
+    print("| build | ms per iteration (median) | rounds |")
+    print("|---|---|---|")
+    for name, values in results.items():
+        rounded = ", ".join(f"{value:.1f}" for value in values)
+        print(f"| {name} | {_median(values):.1f} | {rounded} |", flush=True)
+    spark.stop()
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="part", required=True)
@@ -612,12 +688,23 @@ def main(argv=None):
     chain.add_argument("--iterations", type=int, nargs="*", default=[1, 2, 4, 8, 16])
     chain.add_argument("--partitions", type=int, default=2)
     chain.add_argument("--repeats", type=int, default=9)
+    overlap = sub.add_parser("overlap")
+    overlap.add_argument("--partitions", type=int, default=2)
+    overlap.add_argument("--per-job", type=int, default=8)
+    overlap.add_argument("--chains", type=int, default=6)
+    overlap.add_argument("--rounds", type=int, default=4)
+    overlap.add_argument("--compute-ms", type=float, default=18.0)
+    overlap.add_argument("--elements", type=int, default=61706)
     replica = sub.add_parser("replica-rdd")
     replica.add_argument("--sizes-mb", type=float, nargs="*", default=[0.25, 4, 16])
     replica.add_argument("--partitions", type=int, default=2)
     replica.add_argument("--repeats", type=int, default=9)
     args = parser.parse_args(argv)
-    if args.part == "replica-rdd":
+    if args.part == "overlap":
+        run_overlap(
+            args.partitions, args.per_job, args.chains, args.rounds, args.compute_ms, args.elements
+        )
+    elif args.part == "replica-rdd":
         run_replica_rdd(args.sizes_mb, args.partitions, args.repeats)
     elif args.part == "chain":
         run_chain(args.iterations, args.partitions, args.repeats)
