@@ -52,7 +52,7 @@ import os
 import shutil
 import time
 import uuid
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from pyspark import cloudpickle
@@ -283,44 +283,150 @@ def _step_owner(
     summed: np.ndarray,
     loss_sum: float,
     schedule: dict,
-    l2_scale: float,
+    l2_scale: float = 1.0,
+    *,
     retain_from: int | None = None,
+    whole: bool = False,
+    halted: bool = False,
 ) -> np.ndarray:
     """Owner ``owner``'s step of iteration ``iteration`` on ``weight_slice`` (which starts at
-    flat offset ``start``): its updated weight slice.
+    flat offset ``start``; the whole vector, at 0, with ``whole``): its updated weights.
 
     A non-finite loss (or clipping scale) leaves the slice and the optimizer state as they
-    were and only advances the schedule: the driver decides what to do about it.
+    were and only advances the schedule: the driver decides what to do about it. A
+    ``halted`` chain (stopped by an earlier non-finite loss) changes nothing at all. The
+    state is recorded under ``iteration`` in every case, for the next step to find.
     """
-    method = tasks.owned_shard(spec, owner, iteration, initial_states)
-    if np.isfinite(loss_sum) and np.isfinite(l2_scale):
+    method = tasks.owned_shard(spec, owner, iteration, initial_states, whole)
+    if halted:
+        new_slice = np.array(weight_slice, dtype=np.float32)
+    elif np.isfinite(loss_sum) and np.isfinite(l2_scale):
         new_slice = tasks.update_owned_slice(
             method, weight_slice, summed, start, schedule, l2_scale
         )
     else:
         tasks.follow_schedule_only(method, schedule)
         new_slice = np.array(weight_slice, dtype=np.float32)
-    tasks.keep_shard(spec, owner, method, iteration, retain_from)
+    tasks.keep_shard(spec, owner, method, iteration, retain_from, whole)
     return new_slice
 
 
+# --- chained iterations: what travels between their stages -----------------------------------
+class _Report(NamedTuple):
+    """What a chained forward-backward task tells each task that reads its gradient."""
+
+    loss_sum: float
+    samples: int
+    seconds: float  # the forward-backward's compute
+    buffers: dict | None  # partition 0's running statistics, last iteration, to owner 0 only
+    clock: tuple[float, float]  # wall clock when the task entered and left Python
+
+
+class _GradientRecord(NamedTuple):
+    """One partition's gradient (or its slice) on its way to one destination partition."""
+
+    piece: collectives.Piece
+    report: _Report
+    halted: bool  # an earlier iteration of the chain had a non-finite loss: do nothing
+    history: list | None  # the chain's finished iterations, from partition 0 to 0 only
+    weights: np.ndarray | None  # the weights it was computed on, to its own number only
+
+
+def _gradient_record(destination, partition, piece, report, halted, history, weights):
+    """The record ``partition`` sends ``destination``: the loss report to all, the running
+    statistics and the history to 0 only, the weights (or their slice) to itself only, so
+    the stage that updates them needs no cache and stays a pure function of its input."""
+    return _GradientRecord(
+        piece,
+        report if destination == 0 else report._replace(buffers=None),
+        halted,
+        history if destination == 0 and partition == 0 else None,
+        weights if destination == partition else None,
+    )
+
+
+class _Received(NamedTuple):
+    """A chained update's input, read: the summed gradient (slice) and what came with it."""
+
+    summed: np.ndarray
+    reports: list[_Report]
+    halted: bool
+    history: list | None
+    weights: np.ndarray
+    loss_sum: float
+    samples: int
+
+
+def _receive_gradients(destination: int, rows: list, count: int) -> _Received:
+    records = [record for _, record in rows]
+    _, summed = collectives.combine_owned_pieces(
+        destination, (record.piece for record in records), count, "sum", "AllReduce"
+    )
+    reports = [record.report for record in records]
+    return _Received(
+        summed,
+        reports,
+        records[0].halted,
+        next((record.history for record in records if record.history is not None), None),
+        next(record.weights for record in records if record.weights is not None),
+        float(sum(report.loss_sum for report in reports)),
+        int(sum(report.samples for report in reports)),
+    )
+
+
+def _history_with(received: _Received, started: float) -> list | None:
+    """The chain's history with this iteration appended (None where it does not travel)."""
+    if received.history is None:
+        return None
+    entry = {
+        "loss_sum": received.loss_sum,
+        "count": received.samples,
+        "forward_backward": max(report.seconds for report in received.reports),
+        "update": time.perf_counter() - started,
+    }
+    return received.history + [entry]
+
+
+def _chain_end(received: _Received, entered: float, started: float) -> tuple:
+    """The last update's ``(buffers, timings)`` for the driver."""
+    reports = received.reports
+    buffers = next((report.buffers for report in reports if report.buffers is not None), None)
+    clock = (min(r.clock[0] for r in reports), max(r.clock[1] for r in reports))
+    fb_seconds = max(report.seconds for report in reports)
+    return buffers, _task_timings((fb_seconds, clock), entered, started)
+
+
 def _chained_forward_backward(
-    spec, partition: int, handle: dict, weights, halted: bool, local_indices: list, iteration: int
-):
-    """Forward-backward of ``partition`` in a chained stage: ``(gradient, loss sum, samples,
-    replica)``; zeros once an earlier iteration of the chain stopped it (non-finite loss)."""
+    spec,
+    partition: int,
+    handle: dict,
+    weights,
+    halted: bool,
+    local_indices: list,
+    iteration: int,
+    last: bool,
+    entered: float,
+) -> tuple[np.ndarray, _Report]:
+    """Forward-backward of ``partition`` in a chained stage: its gradient and report; zeros
+    once an earlier iteration of the chain stopped it (non-finite loss)."""
+    started = time.perf_counter()
     replica = worker.fetch(spec.run_id, ("replica", partition), lambda: tasks.Replica(spec, handle))
     if halted:
-        return np.zeros(weights.size, np.float32), 0.0, 0, replica
-    gradient, loss_sum, samples = tasks.forward_backward(
-        replica,
-        weights,
-        local_indices[partition],
-        spec.batch_size,
-        iteration,
-        spec.gradient_accumulation,
-    )
-    return gradient, loss_sum, samples, replica
+        gradient, loss_sum, samples = np.zeros(weights.size, np.float32), 0.0, 0
+    else:
+        gradient, loss_sum, samples = tasks.forward_backward(
+            replica,
+            weights,
+            local_indices[partition],
+            spec.batch_size,
+            iteration,
+            spec.gradient_accumulation,
+        )
+    buffers = None
+    if last and partition == 0 and replica.buffer_names:
+        buffers = replica.buffers()
+    seconds = time.perf_counter() - started
+    return gradient, _Report(loss_sum, samples, seconds, buffers, (entered, time.time()))
 
 
 class SparkTrainingRun:
@@ -500,7 +606,9 @@ class SparkTrainingRun:
                     summed = worker.lookup(spec.run_id, ("summed", owner), version=iteration)
                     if summed is None:
                         directory = tasks.run_directory(spec.state_dir, spec.run_id)
-                        summed = np.load(os.path.join(directory, f"summed-{owner}.npy"))
+                        summed = np.load(
+                            os.path.join(directory, f"summed-{owner}.npy"), allow_pickle=False
+                        )
                     start, stop = bounds[owner]
                     new_slice = _step_owner(
                         spec,
@@ -588,40 +696,35 @@ class SparkTrainingRun:
 
             def forward_backward(partition, rows):
                 entered = time.time()
-                started = time.perf_counter()
                 spec = load_spec()
                 rows = drain(rows)
                 if step == 0:  # the cached handles RDD, and the driver's weights
                     (handle,) = rows
                     weights, halted, history = driver_weights(), False, []
-                else:  # the all-gather shuffle: (partition, (owner, slice, halted, history))
+                else:  # the all-gather: (partition, (owner, slice, halted, history))
                     handle = handles[partition]
                     received = sorted((record[1] for record in rows), key=lambda r: r[0])
                     weights = np.concatenate([np.asarray(r[1]) for r in received])
-                    halted = received[0][2]
-                    history = received[0][3]
-                gradient, loss_sum, samples, replica = _chained_forward_backward(
-                    spec, partition, handle, weights, halted, local_indices, iteration
+                    halted, history = received[0][2], received[0][3]
+                gradient, report = _chained_forward_backward(
+                    spec,
+                    partition,
+                    handle,
+                    weights,
+                    halted,
+                    local_indices,
+                    iteration,
+                    last,
+                    entered,
                 )
-                buffers = None
-                if last and partition == 0 and replica.buffer_names:
-                    buffers = replica.buffers()
-                seconds = time.perf_counter() - started
-                report = (loss_sum, samples, seconds, buffers, (entered, time.time()))
                 for owner, piece in collectives.pieces_for_owners(
                     partition, gradient, num_partitions, spec.wire_dtype
                 ):
                     start, stop = bounds[owner]
                     yield (
                         owner,
-                        (
-                            piece,
-                            report if owner == 0 else report[:3] + (None, report[4]),
-                            halted,
-                            history if owner == 0 and partition == 0 else None,
-                            # The owner updates the slice the replicas just used: sent by the
-                            # partition of the same number, so no cache is needed for it.
-                            weights[start:stop] if owner == partition else None,
+                        _gradient_record(
+                            owner, partition, piece, report, halted, history, weights[start:stop]
                         ),
                     )
 
@@ -634,66 +737,36 @@ class SparkTrainingRun:
             # their predecessor kept); they stay out of the other stages' closures.
             resumed_states = initial_states if step == 0 else None
 
-            def update(owner, records):
+            def update(owner, rows):
                 entered = time.time()
                 started = time.perf_counter()
                 spec = load_spec()
-                values = [value for _, value in drain(records)]
-                _, summed = collectives.combine_owned_pieces(
-                    owner, (value[0] for value in values), num_partitions, "sum", "AllReduce"
+                received = _receive_gradients(owner, drain(rows), num_partitions)
+                if not received.halted:
+                    tasks.clip_summed_slice(spec, received.summed)
+                new_slice = _step_owner(
+                    spec,
+                    owner,
+                    iteration,
+                    resumed_states,
+                    received.weights,
+                    bounds[owner][0],
+                    received.summed,
+                    received.loss_sum,
+                    schedule,
+                    retain_from=retain_from,
+                    halted=received.halted,
                 )
-                reports = [value[1] for value in values]
-                halted = values[0][2]
-                history = next((v[3] for v in values if v[3] is not None), None)
-                weight_slice = next(v[4] for v in values if v[4] is not None)
-                loss_sum = float(sum(report[0] for report in reports))
-                samples = int(sum(report[1] for report in reports))
-                start, _ = bounds[owner]
-                if halted:  # nothing changes; the state is recorded under this iteration
-                    method = tasks.owned_shard(spec, owner, iteration, resumed_states)
-                    tasks.keep_shard(spec, owner, method, iteration, retain_from)
-                    new_slice = np.array(weight_slice, dtype=np.float32)
-                else:
-                    tasks.clip_summed_slice(spec, summed)
-                    new_slice = _step_owner(
-                        spec,
-                        owner,
-                        iteration,
-                        resumed_states,
-                        weight_slice,
-                        start,
-                        summed,
-                        loss_sum,
-                        schedule,
-                        1.0,
-                        retain_from,
-                    )
-                    if history is not None:
-                        history = history + [
-                            {
-                                "loss_sum": loss_sum,
-                                "count": samples,
-                                "forward_backward": max(report[2] for report in reports),
-                                "update": time.perf_counter() - started,
-                            }
-                        ]
-                    halted = stop_after_nonfinite and not np.isfinite(loss_sum)
+                history, halted = received.history, received.halted
+                if not halted:
+                    history = _history_with(received, started)
+                    halted = stop_after_nonfinite and not np.isfinite(received.loss_sum)
                 if last:
-                    buffers = next((r[3] for r in reports if r[3] is not None), None)
-                    clock = (min(r[4][0] for r in reports), max(r[4][1] for r in reports))
-                    timings = _task_timings((max(r[2] for r in reports), clock), entered, started)
-                    yield owner, new_slice, history, buffers, timings
+                    yield owner, new_slice, history, *_chain_end(received, entered, started)
                     return
                 for partition in range(num_partitions):
-                    yield (
-                        partition,
-                        (
-                            owner,
-                            new_slice,
-                            halted,
-                            history if owner == 0 and partition == 0 else None,
-                        ),
-                    )
+                    to_zero = owner == 0 and partition == 0
+                    yield partition, (owner, new_slice, halted, history if to_zero else None)
 
             return update
 
@@ -757,61 +830,49 @@ class SparkTrainingRun:
                     weights, halted, history = driver_weights(), False, []
                 else:
                     handle = handles[partition]
-                    values = [value for _, value in rows]
-                    _, summed = collectives.combine_owned_pieces(
-                        partition, (v[0] for v in values), num_partitions, "sum", "AllReduce"
-                    )
-                    reports = [v[1] for v in values]
-                    halted = values[0][2]
-                    history = next((v[3] for v in values if v[3] is not None), None)
-                    weights = next(v[4] for v in values if v[4] is not None)
-                    loss_sum = float(sum(report[0] for report in reports))
-                    samples = int(sum(report[1] for report in reports))
-                    method = tasks.owned_shard(spec, partition, updated, resumed_states, True)
-                    if not halted and np.isfinite(loss_sum):
-                        tasks.clip_summed_slice(spec, summed)
-                        l2_scale = 1.0
-                        if spec.l2_clipping is not None:
-                            squares = spec.l2_clipping.sum_of_squares(summed)
-                            l2_scale = spec.l2_clipping.scale_for(float(squares))
-                        if np.isfinite(l2_scale):
-                            weights = tasks.update_owned_slice(
-                                method, weights, summed, 0, schedule, l2_scale
-                            )
-                        else:
-                            tasks.follow_schedule_only(method, schedule)
-                    elif not halted:
-                        tasks.follow_schedule_only(method, schedule)
-                    tasks.keep_shard(spec, partition, method, updated, retain_from, True)
-                    if not halted and history is not None:
-                        history = history + [
-                            {
-                                "loss_sum": loss_sum,
-                                "count": samples,
-                                "forward_backward": max(report[2] for report in reports),
-                                "update": time.perf_counter() - started,
-                            }
-                        ]
+                    received = _receive_gradients(partition, rows, num_partitions)
+                    summed, halted = received.summed, received.halted
+                    l2_scale = 1.0
                     if not halted:
-                        halted = stop_after_nonfinite and not np.isfinite(loss_sum)
+                        tasks.clip_summed_slice(spec, summed)
+                        if spec.l2_clipping is not None:
+                            squares = float(spec.l2_clipping.sum_of_squares(summed))
+                            l2_scale = spec.l2_clipping.scale_for(squares)
+                    weights = _step_owner(
+                        spec,
+                        partition,
+                        updated,
+                        resumed_states,
+                        received.weights,
+                        0,
+                        summed,
+                        received.loss_sum,
+                        schedule,
+                        l2_scale,
+                        retain_from=retain_from,
+                        whole=True,
+                        halted=halted,
+                    )
+                    history = received.history
+                    if not halted:
+                        history = _history_with(received, started)
+                        halted = stop_after_nonfinite and not np.isfinite(received.loss_sum)
                     if step == count:  # the end of the chain: slice j to the driver
-                        buffers = next((r[3] for r in reports if r[3] is not None), None)
-                        clock = (min(r[4][0] for r in reports), max(r[4][1] for r in reports))
-                        timings = _task_timings(
-                            (max(r[2] for r in reports), clock), entered, started
-                        )
                         start, stop = bounds[partition]
-                        yield partition, weights[start:stop], history, buffers, timings
+                        end = _chain_end(received, entered, started)
+                        yield partition, weights[start:stop], history, *end
                         return
-                fb_started = time.perf_counter()
-                gradient, loss_sum, samples, replica = _chained_forward_backward(
-                    spec, partition, handle, weights, halted, local_indices, first + step
+                gradient, report = _chained_forward_backward(
+                    spec,
+                    partition,
+                    handle,
+                    weights,
+                    halted,
+                    local_indices,
+                    first + step,
+                    step == count - 1,
+                    entered,
                 )
-                buffers = None
-                if step == count - 1 and partition == 0 and replica.buffer_names:
-                    buffers = replica.buffers()
-                seconds = time.perf_counter() - fb_started
-                report = (loss_sum, samples, seconds, buffers, (entered, time.time()))
                 host = np.asarray(backend.as_numpy(gradient)).reshape(-1)
                 piece = collectives.Piece(
                     partition, host.shape, host.dtype.str, wire.encode(host, spec.wire_dtype)
@@ -819,14 +880,8 @@ class SparkTrainingRun:
                 for destination in range(num_partitions):
                     yield (
                         destination,
-                        (
-                            piece,
-                            report if destination == 0 else report[:3] + (None, report[4]),
-                            halted,
-                            history if partition == 0 and destination == 0 else None,
-                            # Each partition's own weights come back to it with the gradients:
-                            # the stage stays a pure function of its input.
-                            weights if destination == partition else None,
+                        _gradient_record(
+                            destination, partition, piece, report, halted, history, weights
                         ),
                     )
 

@@ -121,8 +121,10 @@ def write_partition_data(
 def load_partition_data(handle: dict) -> tuple[tuple, np.ndarray]:
     """Memory-map a partition's arrays; a clear error if this host does not have them."""
     try:
-        features = tuple(np.load(path, mmap_mode="r") for path in handle["feature_paths"])
-        labels = np.load(handle["label_path"], mmap_mode="r")
+        features = tuple(
+            np.load(path, mmap_mode="r", allow_pickle=False) for path in handle["feature_paths"]
+        )
+        labels = np.load(handle["label_path"], mmap_mode="r", allow_pickle=False)
     except FileNotFoundError as error:
         raise RuntimeError(
             f"training data of partition {handle['partition']} was written on host "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from blob_data import BATCH, CLASSES, FEATURES, blobs, classifier, flat, relative_error
 
 from bigdl_py import nn
 from bigdl_py.data import MiniBatch, Sample
@@ -25,32 +26,6 @@ from bigdl_py.train import (
 )
 
 pytestmark = pytest.mark.spark
-
-SAMPLES, FEATURES, CLASSES = 203, 10, 3  # 203: no partition count divides it
-BATCH = 30  # shares 8/8/7/7 for 4 partitions, 10/10/10 for 3
-
-
-def blobs(seed=0):
-    generator = np.random.default_rng(seed)
-    centres = generator.normal(scale=2.0, size=(CLASSES, FEATURES))
-    labels = generator.integers(0, CLASSES, SAMPLES)
-    features = centres[labels] + generator.normal(size=(SAMPLES, FEATURES))
-    return features.astype(np.float32), labels.astype(np.int64)
-
-
-def classifier():
-    with nn.init.seeded(1):
-        return nn.Sequential(
-            nn.Linear(FEATURES, 16), nn.Tanh(), nn.Linear(16, CLASSES), nn.LogSoftmax()
-        )
-
-
-def flat(model) -> np.ndarray:
-    return np.concatenate([p.data.ravel() for p in model.parameters()])
-
-
-def relative_error(a, b) -> float:
-    return float(np.abs(a - b).max() / np.abs(b).max())
 
 
 METHODS = {
