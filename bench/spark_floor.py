@@ -8,6 +8,7 @@ Run by hand (each part takes minutes on a shared 2-core machine)::
     python bench/spark_floor.py serialization
     python bench/spark_floor.py chain
     python bench/spark_floor.py overlap [--per-job 8] [--compute-ms 18]
+    python bench/spark_floor.py barrier [--rounds 10]
 
 ``floor`` starts one child process (one SparkSession) per settings candidate and times four
 kinds of job, interleaved so that load from other processes hits them alike: an empty
@@ -658,6 +659,49 @@ def run_overlap(count, per_job, chains, rounds, compute_ms, elements):
     spark.stop()
 
 
+def _exchange_rounds(rounds, elements):
+    """A barrier task: ``rounds`` all-gathers of a base64 float32 gradient of ``elements``
+    through ``BarrierTaskContext.allGather``, then ``rounds`` plain ``barrier()`` calls."""
+
+    def task(iterator):
+        import base64
+
+        import numpy as np
+        from pyspark import BarrierTaskContext
+
+        list(iterator)
+        context = BarrierTaskContext.get()
+        message = base64.b64encode(np.ones(elements, np.float32).tobytes()).decode()
+        context.barrier()  # start together
+        started = time.perf_counter()
+        for _ in range(rounds):
+            received = context.allGather(message)
+            sum(np.frombuffer(base64.b64decode(text), np.float32) for text in received)
+        gathered = (time.perf_counter() - started) / rounds
+        started = time.perf_counter()
+        for _ in range(rounds):
+            context.barrier()
+        waited = (time.perf_counter() - started) / rounds
+        yield context.partitionId(), gathered * 1e3, waited * 1e3
+
+    return task
+
+
+def run_barrier(count, rounds, elements):
+    """Could gradients travel inside ONE barrier stage, several iterations per task, with
+    Spark's own ``allGather``? Time one exchange round against a stage of a chain."""
+    spark = _bench_session()
+    sc = spark.sparkContext
+    task = _exchange_rounds(rounds, elements)
+    sc.parallelize(range(count), count).barrier().mapPartitions(task).collect()  # warm-up
+    results = sc.parallelize(range(count), count).barrier().mapPartitions(task).collect()
+    print("| partition | allGather of the gradient: ms per round | barrier(): ms per round |")
+    print("|---|---|---|")
+    for partition, gathered, waited in sorted(results):
+        print(f"| {partition} | {gathered:.1f} | {waited:.1f} |", flush=True)
+    spark.stop()
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="part", required=True)
@@ -695,6 +739,10 @@ def main(argv=None):
     overlap.add_argument("--rounds", type=int, default=4)
     overlap.add_argument("--compute-ms", type=float, default=18.0)
     overlap.add_argument("--elements", type=int, default=61706)
+    barrier = sub.add_parser("barrier")
+    barrier.add_argument("--partitions", type=int, default=2)
+    barrier.add_argument("--rounds", type=int, default=10)
+    barrier.add_argument("--elements", type=int, default=22278)
     replica = sub.add_parser("replica-rdd")
     replica.add_argument("--sizes-mb", type=float, nargs="*", default=[0.25, 4, 16])
     replica.add_argument("--partitions", type=int, default=2)
@@ -704,6 +752,8 @@ def main(argv=None):
         run_overlap(
             args.partitions, args.per_job, args.chains, args.rounds, args.compute_ms, args.elements
         )
+    elif args.part == "barrier":
+        run_barrier(args.partitions, args.rounds, args.elements)
     elif args.part == "replica-rdd":
         run_replica_rdd(args.sizes_mb, args.partitions, args.repeats)
     elif args.part == "chain":

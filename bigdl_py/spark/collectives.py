@@ -292,13 +292,30 @@ def _broadcast_rdd(sc: SparkContext, value: Any, count: int, make_result: Callab
 
 
 def release(rdd: RDD) -> None:
-    """Destroy the driver broadcasts a collective's result RDD reads (no-op for others).
+    """Destroy the driver broadcasts a collective's result RDD reads and delete the shuffle
+    files behind it (see :func:`delete_shuffle_files`).
 
     Call it once the result has been used; the RDD cannot be evaluated afterwards.
     """
     for shared in getattr(rdd, _BROADCASTS_ATTRIBUTE, []):
         shared.destroy()
     setattr(rdd, _BROADCASTS_ATTRIBUTE, [])
+    delete_shuffle_files(rdd)
+
+
+def delete_shuffle_files(rdd: RDD) -> None:
+    """Ask Spark to delete, now, the shuffles ``rdd`` was computed from (back to its first
+    cached ancestors), through the JVM's ``RDD.cleanShuffleDependencies``.
+
+    Otherwise the files stay until the driver JVM's garbage collector lets Spark's
+    ContextCleaner see that the RDDs are gone, which takes up to
+    ``spark.cleaner.periodicGC.interval``: a trainer running several shuffles a second
+    piles up thousands of files meanwhile (``bench/RESULTS.md``, long runs). The deletion
+    runs in the background on the executors. Evaluating ``rdd`` again afterwards fails.
+    """
+    jrdd = getattr(rdd, "_jrdd", None)
+    if jrdd is not None:
+        jrdd.rdd().cleanShuffleDependencies(False)
 
 
 def _finish_gather(arrays: list[np.ndarray], concatenate: bool):

@@ -636,7 +636,7 @@ class SparkTrainingRun:
             ) from None
         finally:
             self.sc.setJobDescription(None)
-            self._release_broadcasts()
+            self._release_job()
         returned = time.time()
         results.sort(key=lambda record: record[0])
         self.weights = np.concatenate([np.asarray(record[1]) for record in results])
@@ -908,7 +908,7 @@ class SparkTrainingRun:
             ) from None
         finally:
             self.sc.setJobDescription(None)
-            self._release_broadcasts()
+            self._release_job()
         returned = time.time()
         results.sort(key=lambda record: record[0])
         self.weights = np.concatenate([np.asarray(record[1]) for record in results])
@@ -976,6 +976,13 @@ class SparkTrainingRun:
         return [state for _, state in sorted(states, key=lambda record: record[0])]
 
     # --- clean-up -----------------------------------------------------------------------
+    def _release_job(self) -> None:
+        """After a job: its weight broadcasts and shuffle files are no longer needed (the
+        next job starts from the weights on the driver and the state files)."""
+        self._release_broadcasts()
+        if self._last_rdd is not None:
+            collectives.delete_shuffle_files(self._last_rdd)
+
     def _release_broadcasts(self) -> None:
         for broadcast in self._broadcasts:
             broadcast.destroy()

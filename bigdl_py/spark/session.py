@@ -44,9 +44,11 @@ RECOMMENDED_CONF: dict[str, str] = {
     # Training runs a job every few iterations: Spark's console stage bar would redraw over
     # our own progress bar dozens of times per epoch.
     "spark.ui.showConsoleProgress": "false",
-    # Each iteration's shuffle files are deleted only once the driver JVM garbage-collects
-    # that iteration's RDDs, and its heap, mostly idle, can go 30 minutes (Spark's default)
-    # without a collection: over 1,000 iterations the files kept growing (bench/RESULTS.md).
+    # Spark deletes a job's shuffle files and broadcasts only once the driver JVM
+    # garbage-collects its RDDs, and that heap, mostly idle, can go 30 minutes (Spark's
+    # default) without a collection: over 1,000 training iterations the files kept growing
+    # (bench/RESULTS.md). DistriOptimizer now deletes its own shuffles after each job; this
+    # bounds everything else (inference, user jobs, collectives never released).
     "spark.cleaner.periodicGC.interval": "1min",
 }
 

@@ -35,3 +35,27 @@ def flat(model) -> np.ndarray:
 
 def relative_error(a, b) -> float:
     return float(np.abs(a - b).max() / np.abs(b).max())
+
+
+def shuffle_files(sc) -> set[str]:
+    """The shuffle data and index files under this machine's Spark block-manager folders."""
+    import glob
+    import os
+    import tempfile
+
+    local_dir = sc.getConf().get("spark.local.dir", tempfile.gettempdir())
+    pattern = os.path.join(local_dir, "blockmgr-*", "*", "shuffle_*")
+    return set(glob.glob(pattern))
+
+
+def wait_until_deleted(paths: set[str], timeout: float = 20.0) -> set[str]:
+    """Poll until none of ``paths`` exists (Spark deletes in the background); the rest."""
+    import os
+    import time
+
+    deadline = time.monotonic() + timeout
+    left = {path for path in paths if os.path.exists(path)}
+    while left and time.monotonic() < deadline:
+        time.sleep(0.2)
+        left = {path for path in left if os.path.exists(path)}
+    return left

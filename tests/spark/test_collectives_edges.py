@@ -175,3 +175,16 @@ def test_scatter_checks_its_arguments(sc):
         collectives.scatter(sc, [np.zeros(1), np.zeros(1)], 3)
     with pytest.raises(ValueError, match="partition count must be >= 1, got 0"):
         collectives.scatter(sc, np.zeros(4), 0)
+
+
+def test_release_deletes_the_shuffle_files_behind_a_result(sc, normal_arrays):
+    from blob_data import shuffle_files, wait_until_deleted
+
+    before = shuffle_files(sc)
+    result_rdd = collectives.all_reduce(collectives.scatter(sc, normal_arrays), "sum")
+    result_rdd.collect()
+    written = shuffle_files(sc) - before
+    # two shuffles (reduce-scatter, all-gather) of 4 map tasks, a data file each at least
+    assert len({path for path in written if path.endswith(".data")}) >= 8
+    collectives.release(result_rdd)
+    assert wait_until_deleted(written) == set()

@@ -10,7 +10,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from blob_data import BATCH, blobs, classifier, flat, relative_error
+from blob_data import (
+    BATCH,
+    blobs,
+    classifier,
+    flat,
+    relative_error,
+    shuffle_files,
+    wait_until_deleted,
+)
 
 from bigdl_py import nn
 from bigdl_py.optim import SGD, Adam, DistriOptimizer
@@ -99,6 +107,47 @@ def test_chains_equal_local_training_with_triggers_in_place(
     else:  # chains, ending where a trigger fires or an epoch ends (7 batches per epoch)
         assert max(len(call) for call in calls) > 1
         assert {call[-1] for call in calls} == {5, 6, 7, 10, 12, 14, 15, 18, 20}
+
+
+@pytest.mark.parametrize("update, iterations_per_job", [("sharded", 1), ("replicated", 8)])
+def test_each_jobs_shuffle_files_are_deleted_after_it(
+    spark, monkeypatch, update, iterations_per_job
+):
+    """Without the deletion a chain of 8 leaves 2 x 8 x 2 files per partition pair until
+    the driver JVM's garbage collector runs (a minute or more): thousands in long runs."""
+    from bigdl_py.spark import collectives
+
+    sc = spark.sparkContext
+    before = shuffle_files(sc)
+    seen_before_deletion: list[set[str]] = []
+    delete = collectives.delete_shuffle_files
+
+    def delete_and_record(rdd):
+        seen_before_deletion.append(shuffle_files(sc) - before)
+        delete(rdd)
+
+    monkeypatch.setattr(collectives, "delete_shuffle_files", delete_and_record)
+    features, labels = blobs()
+    with DistriOptimizer(
+        classifier(),
+        (features, labels),
+        nn.NLLLoss(),
+        SGD(lr=0.1),
+        batch_size=BATCH,
+        end_trigger=MaxIteration(16),
+        num_partitions=2,
+        iterations_per_job=iterations_per_job,
+        update=update,
+        progress=False,
+    ) as optimizer:
+        optimizer.optimize()
+    # one job per iteration, or chains ending at the epoch ends (7 batches) and at 16
+    jobs = {1: 16, 8: 3}[iterations_per_job]
+    assert len(seen_before_deletion) == jobs
+    written = set().union(*seen_before_deletion)
+    # every shuffle stage: 2 map tasks, each writing a data and an index file at least
+    assert len({path for path in written if path.endswith(".data")}) >= 2 * jobs
+    assert wait_until_deleted(written) == set()
 
 
 def diverging_run(update, iterations_per_job, skip=False):
