@@ -128,9 +128,9 @@ def parse_mode(text: str) -> tuple[str, int]:
     return update, int(per_job or 1)
 
 
-def bench_model(model_key, batch_sizes, partitions, iterations, modes, warmup=10):
+def bench_model(model_key, batch_sizes, partitions, iterations, modes, warmup=10, conf=None):
     name, build_model, load_data = MODELS[model_key]
-    spark = get_spark("local[2]", app_name="bigdl_py bench distributed")
+    spark = get_spark("local[2]", app_name="bigdl_py bench distributed", conf=conf)
     spark.sparkContext.setLogLevel("ERROR")
     (features, labels), source = load_data()
     print(
@@ -269,6 +269,14 @@ def main(argv=None):
     cnn.add_argument("--partitions", type=int, default=2)
     cnn.add_argument("--iterations", type=int, default=20)
     cnn.add_argument("--modes", type=parse_mode, nargs="+", default=[parse_mode(m) for m in modes])
+    for command in (lenet, cnn):
+        command.add_argument(
+            "--conf",
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
+            help="a Spark setting over get_spark's recommended ones, for A/B runs",
+        )
     long_run = commands.add_parser("long")
     long_run.add_argument("--iterations", type=int, default=1000)
     long_run.add_argument("--mode", type=parse_mode, default=parse_mode("sharded:8"))
@@ -280,6 +288,7 @@ def main(argv=None):
             arguments.partitions,
             arguments.iterations,
             arguments.modes,
+            conf=dict(setting.split("=", 1) for setting in arguments.conf),
         )
     else:
         bench_long(arguments.iterations, arguments.mode)
