@@ -4,6 +4,14 @@
                                       [--modes sharded:1 sharded:8 replicated:8]
     python bench/distributed.py cnn   [--batch-sizes 128] [--partitions 2] [--iterations 20]
     python bench/distributed.py long  [--iterations 1000] [--mode sharded:8]
+    python bench/distributed.py all   [--lenet-iterations 60] [--cnn-iterations 20]
+
+``all`` prints, in one run and one SparkSession, what the distributed-training issue asks
+for: the floor (empty one- and two-stage PySpark jobs with get_spark's settings), ``lenet``
+at batch 128 and 512 and ``cnn`` at 128 in the three modes beside LocalOptimizer, the
+AllReduce alone for M = 1, 4, 16, 64 MB and N = 2, 4 (``spark_floor.py allreduce``), and the
+issue's bars checked against those numbers. ``lenet``, ``cnn`` and ``all`` take
+``--conf KEY=VALUE`` (repeatable) over the recommended settings, for A/B runs.
 
 ``lenet`` trains LeNet-5 (Fashion-MNIST when installed, else random images of its shape) in
 ``local[2]`` with bigdl_py's recommended settings, once per mode ``UPDATE:ITERATIONS_PER_JOB``
@@ -128,14 +136,22 @@ def parse_mode(text: str) -> tuple[str, int]:
     return update, int(per_job or 1)
 
 
-def bench_model(model_key, batch_sizes, partitions, iterations, modes, warmup=10, conf=None):
+def bench_model(
+    model_key, batch_sizes, partitions, iterations, modes, warmup=10, conf=None, spark=None
+):
+    """Print one row per batch size and mode; return them as dicts (``spark`` given: use
+    that session and leave it running)."""
     name, build_model, load_data = MODELS[model_key]
-    spark = get_spark("local[2]", app_name="bigdl_py bench distributed", conf=conf)
+    own_session = spark is None
+    if own_session:
+        spark = get_spark("local[2]", app_name="bigdl_py bench distributed", conf=conf)
     spark.sparkContext.setLogLevel("ERROR")
+    rows = []
     (features, labels), source = load_data()
     print(
         f"{name} on {source}, local[2], {partitions} partitions, {iterations} iterations "
-        f"after {warmup} warm-up; ms per iteration (means; one-job phases: medians)"
+        f"after {warmup} warm-up (rounded up to whole jobs); ms per iteration (means; "
+        f"one-job phases: medians)"
     )
     header = ["batch", "update", "per job", "samples/s", "iteration", "forward_backward"]
     header += ["update", "spark", "driver", *PHASES[:1], *PHASES[2:3], *PHASES[4:]]
@@ -154,13 +170,14 @@ def bench_model(model_key, batch_sizes, partitions, iterations, modes, warmup=10
         local.optimize()
         local_rate = batch_size * 40 / (time.perf_counter() - started)
         for update, per_job in modes:
+            warm = -(-warmup // per_job) * per_job  # whole jobs, so the measured ones are too
             optimizer = DistriOptimizer(
                 build_model(),
                 (features, labels),
                 nn.NLLLoss(),
                 SGD(lr=0.05, momentum=0.9),
                 batch_size=batch_size,
-                end_trigger=MaxIteration(warmup + iterations),
+                end_trigger=MaxIteration(warm + iterations),
                 num_partitions=partitions,
                 update=update,
                 iterations_per_job=per_job,
@@ -169,7 +186,7 @@ def bench_model(model_key, batch_sizes, partitions, iterations, modes, warmup=10
             records = timed_iterations(optimizer)
             with optimizer:
                 optimizer.optimize()
-            summary = summarise(records, warmup)
+            summary = summarise(records, warm)
             row = [str(batch_size), update, str(per_job)]
             row.append(f"{batch_size / summary['iteration']:.0f}")
             for key in ("iteration", "forward_backward", "update", "spark", "driver"):
@@ -177,6 +194,67 @@ def bench_model(model_key, batch_sizes, partitions, iterations, modes, warmup=10
             for key in ("to_first_task", "shuffle", "to_driver"):
                 row.append(f"{summary[key] * 1000:.0f}" if key in summary else "-")
             print(" | ".join(row) + f" | {local_rate:.0f}", flush=True)
+            rows.append(
+                {
+                    "model": name,
+                    "batch": batch_size,
+                    "mode": f"{update}:{per_job}",
+                    "samples_per_second": batch_size / summary["iteration"],
+                    "local_samples_per_second": local_rate,
+                    **summary,
+                }
+            )
+    if own_session:
+        spark.stop()
+    return rows
+
+
+def bench_all(lenet_iterations, cnn_iterations, allreduce_repeats, conf=None):
+    """Everything the distributed-training issue asks for, in one run and one session: the
+    floor, LeNet-5 at batch 128 and 512 and the CIFAR CNN at 128 (N = 2, every mode, beside
+    LocalOptimizer), the AllReduce alone, and the bars checked against what was measured."""
+    import spark_floor
+    from pyspark import cloudpickle
+
+    # Its job functions must reach the Python workers, which cannot import bench/ modules.
+    cloudpickle.register_pickle_by_value(spark_floor)
+    spark = get_spark("local[2]", app_name="bigdl_py bench all", conf=conf)
+    spark.sparkContext.setLogLevel("ERROR")
+    load = open("/proc/loadavg").read().split()[0] if os.path.exists("/proc/loadavg") else "?"
+    print(f"# bench/distributed.py all, {time.strftime('%Y-%m-%d %H:%M')}, load average {load}")
+    jobs = spark_floor._make_jobs(spark)
+    floor = {kind: spark_floor._time_ms(jobs[kind], 20, warmup=5) for kind in jobs}
+    print("\n## The floor: empty PySpark jobs with get_spark's settings, median of 20 ms")
+    print(" | ".join(floor) + "\n" + " | ".join(str(value) for value in floor.values()))
+    modes = [parse_mode(mode) for mode in ("sharded:1", "sharded:8", "replicated:8")]
+    print("\n## DistriOptimizer, N = 2, local[2]")
+    lenet = bench_model("lenet", [128, 512], 2, lenet_iterations, modes, spark=spark)
+    cnn = bench_model("cnn", [128], 2, cnn_iterations, modes, spark=spark)
+    print("\n## AllReduce alone (collectives.all_reduce, sum), median ms")
+    spark_floor.run_allreduce([1, 4, 16, 64], [2, 4], allreduce_repeats, spark=spark)
+    print("\n## The bars (from the rows above)")
+    bound = 1.2 * floor["two_stage"]
+    for batch, bar in ((512, 3100), (128, 2000)):
+        rows = [row for row in lenet if row["batch"] == batch]
+        best = max(rows, key=lambda row: row["samples_per_second"])
+        verdict = "met" if best["samples_per_second"] >= bar else "NOT met"
+        print(
+            f"LeNet-5 batch {batch} >= {bar} samples/s: {verdict} (best {best['mode']}: "
+            f"{best['samples_per_second']:.0f})"
+        )
+    for row in lenet + cnn:
+        overhead = (row["iteration"] - row["forward_backward"]) * 1e3
+        verdict = "met" if overhead <= bound else "NOT met"
+        print(
+            f"iteration - forward-backward <= 1.2 x floor ({bound:.0f} ms), {row['model']} "
+            f"batch {row['batch']} {row['mode']}: {overhead:.0f} ms, {verdict}"
+        )
+    best_cnn = max(cnn, key=lambda row: row["samples_per_second"])
+    print(
+        f"CIFAR CNN batch 128: best {best_cnn['mode']} {best_cnn['samples_per_second']:.0f} "
+        f"samples/s (goal: PyTorch DDP's ~585; LocalOptimizer here "
+        f"{best_cnn['local_samples_per_second']:.0f})"
+    )
     spark.stop()
 
 
@@ -269,7 +347,11 @@ def main(argv=None):
     cnn.add_argument("--partitions", type=int, default=2)
     cnn.add_argument("--iterations", type=int, default=20)
     cnn.add_argument("--modes", type=parse_mode, nargs="+", default=[parse_mode(m) for m in modes])
-    for command in (lenet, cnn):
+    everything = commands.add_parser("all")
+    everything.add_argument("--lenet-iterations", type=int, default=60)
+    everything.add_argument("--cnn-iterations", type=int, default=20)
+    everything.add_argument("--allreduce-repeats", type=int, default=3)
+    for command in (lenet, cnn, everything):
         command.add_argument(
             "--conf",
             action="append",
@@ -288,6 +370,13 @@ def main(argv=None):
             arguments.partitions,
             arguments.iterations,
             arguments.modes,
+            conf=dict(setting.split("=", 1) for setting in arguments.conf),
+        )
+    elif arguments.command == "all":
+        bench_all(
+            arguments.lenet_iterations,
+            arguments.cnn_iterations,
+            arguments.allreduce_repeats,
             conf=dict(setting.split("=", 1) for setting in arguments.conf),
         )
     else:

@@ -358,9 +358,12 @@ def _all_reduce_once(source, wire_dtype, via):
     collectives.release(result)
 
 
-def run_allreduce(sizes_mb, partition_counts, repeats):
-    """all_reduce of N float32 arrays of M MB: both all-gather routes, both wire dtypes."""
-    spark = _bench_session()
+def run_allreduce(sizes_mb, partition_counts, repeats, spark=None):
+    """all_reduce of N float32 arrays of M MB: both all-gather routes, both wire dtypes
+    (``spark`` given: use that session and leave it running)."""
+    own_session = spark is None
+    if own_session:
+        spark = _bench_session()
     sc = spark.sparkContext
     print(
         "| N | M (MB) | make arrays only ms | shuffle f32 ms | shuffle f16 ms "
@@ -377,7 +380,8 @@ def run_allreduce(sizes_mb, partition_counts, repeats):
                     cells.append(_time_ms(once, repeats))
             row = " | ".join(str(cell) for cell in cells)
             print(f"| {count} | {megabytes:g} | {row} |", flush=True)
-    spark.stop()
+    if own_session:
+        spark.stop()
 
 
 def run_serialization(megabytes, count, repeats):
