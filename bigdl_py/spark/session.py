@@ -50,16 +50,6 @@ RECOMMENDED_CONF: dict[str, str] = {
     # (bench/RESULTS.md). DistriOptimizer now deletes its own shuffles after each job; this
     # bounds everything else (inference, user jobs, collectives never released).
     "spark.cleaner.periodicGC.interval": "1min",
-    # A young JVM's C2 compiler keeps a third of a core busy for minutes (the JVM runs much
-    # code, a little of it each stage), taking CPU from the Python workers on a small
-    # machine: in the first 300 LeNet iterations forward-backward took 22-25 ms instead of
-    # 17-19 and an iteration 99-105 ms instead of 79-88 with C1 alone; later both run alike
-    # (bench/RESULTS.md). The JVM only moves bytes for us, where C2's better code matters
-    # little. These are Spark's administrator defaults, so a user's own
-    # spark.{driver,executor}.extraJavaOptions add to them; they take effect only where the
-    # JVM starts after them (get_spark() in a plain Python process, or a properties file).
-    "spark.driver.defaultJavaOptions": "-XX:TieredStopAtLevel=1",
-    "spark.executor.defaultJavaOptions": "-XX:TieredStopAtLevel=1",
 }
 
 _PROPERTY_LINE = re.compile(r"^\s*([^\s=:]+)\s*[=:\s]\s*(.*?)\s*$")
