@@ -220,8 +220,8 @@ def bench_all(lenet_iterations, cnn_iterations, allreduce_repeats, conf=None):
     cloudpickle.register_pickle_by_value(spark_floor)
     spark = get_spark("local[2]", app_name="bigdl_py bench all", conf=conf)
     spark.sparkContext.setLogLevel("ERROR")
-    load = open("/proc/loadavg").read().split()[0] if os.path.exists("/proc/loadavg") else "?"
-    print(f"# bench/distributed.py all, {time.strftime('%Y-%m-%d %H:%M')}, load average {load}")
+    load = os.getloadavg()[0]
+    print(f"# bench/distributed.py all, {time.strftime('%Y-%m-%d %H:%M')}, load average {load:.2f}")
     jobs = spark_floor._make_jobs(spark)
     floor = {kind: spark_floor._time_ms(jobs[kind], 20, warmup=5) for kind in jobs}
     print("\n## The floor: empty PySpark jobs with get_spark's settings, median of 20 ms")
@@ -363,6 +363,7 @@ def main(argv=None):
     long_run.add_argument("--iterations", type=int, default=1000)
     long_run.add_argument("--mode", type=parse_mode, default=parse_mode("sharded:8"))
     arguments = parser.parse_args(argv)
+    conf = dict(setting.split("=", 1) for setting in getattr(arguments, "conf", []))
     if arguments.command in MODELS:
         bench_model(
             arguments.command,
@@ -370,14 +371,14 @@ def main(argv=None):
             arguments.partitions,
             arguments.iterations,
             arguments.modes,
-            conf=dict(setting.split("=", 1) for setting in arguments.conf),
+            conf=conf,
         )
     elif arguments.command == "all":
         bench_all(
             arguments.lenet_iterations,
             arguments.cnn_iterations,
             arguments.allreduce_repeats,
-            conf=dict(setting.split("=", 1) for setting in arguments.conf),
+            conf=conf,
         )
     else:
         bench_long(arguments.iterations, arguments.mode)

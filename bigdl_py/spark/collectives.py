@@ -313,9 +313,7 @@ def delete_shuffle_files(rdd: RDD) -> None:
     piles up thousands of files meanwhile (``bench/RESULTS.md``, long runs). The deletion
     runs in the background on the executors. Evaluating ``rdd`` again afterwards fails.
     """
-    jrdd = getattr(rdd, "_jrdd", None)
-    if jrdd is not None:
-        jrdd.rdd().cleanShuffleDependencies(False)
+    rdd._jrdd.rdd().cleanShuffleDependencies(False)
 
 
 def _finish_gather(arrays: list[np.ndarray], concatenate: bool):

@@ -1,24 +1,32 @@
-"""The small classification problem DistriOptimizer's tests train on (not a test module).
+"""The small classification problem DistriOptimizer's tests train on (not a test module;
+distri_local_cluster_job.py, run as a script beside it, imports it too).
 
 203 samples (no partition count divides it) of 3 Gaussian blobs in 10 dimensions, a
-10-16-3 classifier with fixed initial weights, and the helpers that compare two runs.
+10-16-3 classifier with fixed initial weights, the helpers that compare two runs, and
+two that watch Spark's shuffle files come and go.
 """
 
 from __future__ import annotations
 
+import glob
+import os
+import tempfile
+import time
+
 import numpy as np
 
 from bigdl_py import nn
+from bigdl_py.optim import DistriOptimizer
 
 SAMPLES, FEATURES, CLASSES = 203, 10, 3
 BATCH = 30  # shares 8/8/7/7 for 4 partitions, 10/10/10 for 3
 
 
-def blobs(seed=0):
+def blobs(seed=0, samples=SAMPLES):
     generator = np.random.default_rng(seed)
     centres = generator.normal(scale=2.0, size=(CLASSES, FEATURES))
-    labels = generator.integers(0, CLASSES, SAMPLES)
-    features = centres[labels] + generator.normal(size=(SAMPLES, FEATURES))
+    labels = generator.integers(0, CLASSES, samples)
+    features = centres[labels] + generator.normal(size=(samples, FEATURES))
     return features.astype(np.float32), labels.astype(np.int64)
 
 
@@ -27,6 +35,13 @@ def classifier():
         return nn.Sequential(
             nn.Linear(FEATURES, 16), nn.Tanh(), nn.Linear(16, CLASSES), nn.LogSoftmax()
         )
+
+
+def blob_optimizer(method, **options):
+    """A DistriOptimizer of :func:`classifier` on :func:`blobs`: NLL loss, ``method``, the
+    global batch ``BATCH``, no progress bar; ``options`` add or override."""
+    options = {"batch_size": BATCH, "progress": False, **options}
+    return DistriOptimizer(classifier(), blobs(), nn.NLLLoss(), method, **options)
 
 
 def flat(model) -> np.ndarray:
@@ -39,10 +54,6 @@ def relative_error(a, b) -> float:
 
 def shuffle_files(sc) -> set[str]:
     """The shuffle data and index files under this machine's Spark block-manager folders."""
-    import glob
-    import os
-    import tempfile
-
     local_dir = sc.getConf().get("spark.local.dir", tempfile.gettempdir())
     pattern = os.path.join(local_dir, "blockmgr-*", "*", "shuffle_*")
     return set(glob.glob(pattern))
@@ -50,9 +61,6 @@ def shuffle_files(sc) -> set[str]:
 
 def wait_until_deleted(paths: set[str], timeout: float = 20.0) -> set[str]:
     """Poll until none of ``paths`` exists (Spark deletes in the background); the rest."""
-    import os
-    import time
-
     deadline = time.monotonic() + timeout
     left = {path for path in paths if os.path.exists(path)}
     while left and time.monotonic() < deadline:

@@ -20,6 +20,7 @@ import threading
 import time
 
 import numpy as np
+from blob_data import blobs, classifier, flat  # beside this script, so on its sys.path
 
 from bigdl_py import nn
 from bigdl_py.optim import SGD
@@ -40,28 +41,11 @@ def executor_jvm(rows):
         yield next(int(line.split()[1]) for line in status if line.startswith("PPid:"))
 
 
-def blobs(samples=601, features=10, classes=3):
-    generator = np.random.default_rng(0)
-    centres = generator.normal(scale=2.0, size=(classes, features))
-    labels = generator.integers(0, classes, samples)
-    data = centres[labels] + generator.normal(size=(samples, features))
-    return data.astype(np.float32), labels.astype(np.int64)
-
-
-def classifier():
-    with nn.init.seeded(3):
-        return nn.Sequential(nn.Linear(10, 32), nn.Tanh(), nn.Linear(32, 3), nn.LogSoftmax())
-
-
-def flat(model):
-    return np.concatenate([p.data.ravel() for p in model.parameters()])
-
-
 def main(update: str = "sharded", iterations_per_job: int = 8) -> None:
     spark = get_spark(MASTER, app_name="bigdl_py-distri-local-cluster-test")
     sc = spark.sparkContext
     sc.setLogLevel("ERROR")
-    features, labels = blobs()
+    features, labels = blobs(samples=601)
     optimizer = DistriOptimizer(
         classifier(),
         (features, labels),

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from blob_data import (
     BATCH,
+    blob_optimizer,
     blobs,
     classifier,
     flat,
@@ -127,18 +128,12 @@ def test_each_jobs_shuffle_files_are_deleted_after_it(
         delete(rdd)
 
     monkeypatch.setattr(collectives, "delete_shuffle_files", delete_and_record)
-    features, labels = blobs()
-    with DistriOptimizer(
-        classifier(),
-        (features, labels),
-        nn.NLLLoss(),
+    with blob_optimizer(
         SGD(lr=0.1),
-        batch_size=BATCH,
         end_trigger=MaxIteration(16),
         num_partitions=2,
         iterations_per_job=iterations_per_job,
         update=update,
-        progress=False,
     ) as optimizer:
         optimizer.optimize()
     # one job per iteration, or chains ending at the epoch ends (7 batches) and at 16
@@ -153,19 +148,13 @@ def test_each_jobs_shuffle_files_are_deleted_after_it(
 def diverging_run(update, iterations_per_job, skip=False):
     """SGD with a learning rate of 1e37: iteration 1 is finite, its step overflows the
     weights, and iteration 2's loss is infinite — the second iteration of a chain."""
-    features, labels = blobs()
-    return DistriOptimizer(
-        classifier(),
-        (features, labels),
-        nn.NLLLoss(),
+    return blob_optimizer(
         SGD(lr=1e37, momentum=0.9),
-        batch_size=BATCH,
         end_trigger=MaxIteration(6),
         num_partitions=2,
         iterations_per_job=iterations_per_job,
         update=update,
         skip_nonfinite_batches=skip,
-        progress=False,
     )
 
 
@@ -195,16 +184,8 @@ def test_skipped_nonfinite_batches_inside_a_chain(spark, update):
 
 
 def test_a_loss_reading_trigger_runs_one_iteration_per_job(spark):
-    features, labels = blobs()
-    optimizer = DistriOptimizer(
-        classifier(),
-        (features, labels),
-        nn.NLLLoss(),
-        SGD(lr=0.1),
-        batch_size=BATCH,
-        end_trigger=MaxIteration(4) | MinLoss(1e-9),
-        num_partitions=2,
-        progress=False,
+    optimizer = blob_optimizer(
+        SGD(lr=0.1), end_trigger=MaxIteration(4) | MinLoss(1e-9), num_partitions=2
     )
     calls, _ = record_calls(optimizer)
     with optimizer:
@@ -214,19 +195,9 @@ def test_a_loss_reading_trigger_runs_one_iteration_per_job(spark):
 
 @pytest.mark.parametrize("first, then", [("sharded", "replicated"), ("replicated", "sharded")])
 def test_checkpoints_resume_across_update_modes(spark, tmp_path, first, then):
-    features, labels = blobs()
-
-    def optimizer(update, epochs, model=None):
-        return DistriOptimizer(
-            model or classifier(),
-            (features, labels),
-            nn.NLLLoss(),
-            Adam(lr=0.01),
-            batch_size=BATCH,
-            end_trigger=MaxEpoch(epochs),
-            num_partitions=3,
-            update=update,
-            progress=False,
+    def optimizer(update, epochs):
+        return blob_optimizer(
+            Adam(lr=0.01), end_trigger=MaxEpoch(epochs), num_partitions=3, update=update
         )
 
     with optimizer(first, 2) as straight:
