@@ -1,10 +1,12 @@
 """DistriOptimizer speed and long-run boundedness, by hand (results in bench/RESULTS.md).
 
-    python bench/distributed.py lenet [--batch-sizes 128 512] [--partitions 2] [--iterations 60]
-                                      [--modes sharded:1 sharded:8 replicated:8]
+    python bench/distributed.py lenet [--batch-sizes 128 512] [--partitions 2] [--iterations 160]
+                                      [--modes sharded:1 sharded:8 replicated:8 replicated:16]
+                                      [--rounds 2] [--jvm-warmup-seconds 60]
     python bench/distributed.py cnn   [--batch-sizes 128] [--partitions 2] [--iterations 20]
     python bench/distributed.py long  [--iterations 1000] [--mode sharded:8]
-    python bench/distributed.py all   [--lenet-iterations 60] [--cnn-iterations 20]
+    python bench/distributed.py all   [--lenet-iterations 160] [--cnn-iterations 20] [--rounds 2]
+                                      [--jvm-warmup-seconds 60]
 
 ``all`` prints, in one run and one SparkSession, what the distributed-training issue asks
 for: the floor (empty one- and two-stage PySpark jobs with get_spark's settings), ``lenet``
@@ -26,6 +28,16 @@ per iteration less forward-backward and update: Spark's stages, shuffles and Pyt
 hand-offs) and ``driver`` (the loop and building the job's RDDs, per iteration). The same
 model's LocalOptimizer samples/s in this process is printed beside it. ``cnn`` does the
 same for bench/engine.py's CIFAR CNN on random 3x32x32 images.
+
+**The JVM's warm-up.** For its first minute or so a JVM spends much of a core compiling
+Spark's hot paths with C2 (JFR, 35-55 s into a run: 36 C2 compilations took 7.9 s of compiler
+time in 20 s, most of them Spark's ClosureCleaner (ASM), Kryo set-up, jar lookups and Java
+serialisation), and on two cores that time comes out of the Python workers. A LeNet-5 run at
+batch 128 goes from about 2,100 samples/s over its first 480 iterations to 2,600-2,900 once
+the compiler is done (bench/RESULTS.md). A training run of minutes lives in the second regime,
+so the bench first trains LeNet-5 for ``--jvm-warmup-seconds`` (printing what it reaches, so
+the young JVM's speed is on record too), then measures every mode ``--rounds`` times in
+rotation and reports each round and the median; the floor is measured in the same warm JVM.
 
 ``long`` runs 1,000 iterations of a small model and samples, every 100 iterations: the
 driver's RSS, the executors' Python workers' RSS, the JVM heap in use, the number of
@@ -53,6 +65,7 @@ from bigdl_py.spark.distri_optimizer import DistriOptimizer  # noqa: E402
 from bigdl_py.spark.session import get_spark  # noqa: E402
 from bigdl_py.train import LocalOptimizer, MaxIteration  # noqa: E402
 
+DEFAULT_MODES = [("sharded", 1), ("sharded", 8), ("replicated", 8), ("replicated", 16)]
 PHASES = ("to_first_task", "forward_backward", "shuffle", "update", "to_driver")
 
 
@@ -136,26 +149,76 @@ def parse_mode(text: str) -> tuple[str, int]:
     return update, int(per_job or 1)
 
 
+def jvm_warm_up(spark, seconds: float) -> list[float]:
+    """Train LeNet-5 (batch 128, replicated, 16 per job) in this session for ``seconds``,
+    printing samples/s per run of 160 iterations: the young JVM's speed, kept on record."""
+    if seconds <= 0:
+        return []
+    (features, labels), _ = training_images()
+    rates = []
+    started = time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        optimizer = DistriOptimizer(
+            lenet5(),
+            (features, labels),
+            nn.NLLLoss(),
+            SGD(lr=0.05, momentum=0.9),
+            batch_size=128,
+            end_trigger=MaxIteration(160),
+            num_partitions=2,
+            update="replicated",
+            iterations_per_job=16,
+            progress=False,
+        )
+        records = timed_iterations(optimizer)
+        with optimizer:
+            optimizer.optimize()
+        rates.append(128 * 160 / sum(seconds for seconds, _, _ in records))
+    print(
+        f"JVM warm-up, {time.perf_counter() - started:.0f} s of LeNet-5 (batch 128, "
+        f"replicated:16), samples/s per 160 iterations: {' '.join(f'{r:.0f}' for r in rates)}"
+    )
+    return rates
+
+
+def _median_row(rows: list[dict]) -> dict:
+    """The row of the round with the median samples/s (the lower middle one for even)."""
+    ordered = sorted(rows, key=lambda row: row["samples_per_second"])
+    return ordered[(len(ordered) - 1) // 2]
+
+
 def bench_model(
-    model_key, batch_sizes, partitions, iterations, modes, warmup=10, conf=None, spark=None
+    model_key,
+    batch_sizes,
+    partitions,
+    iterations,
+    modes,
+    warmup=10,
+    conf=None,
+    spark=None,
+    rounds=1,
+    jvm_warmup_seconds=0.0,
 ):
-    """Print one row per batch size and mode; return them as dicts (``spark`` given: use
+    """Print one row per batch size, mode and round (the modes rotate within each round),
+    then each mode's median round; return the median rows as dicts (``spark`` given: use
     that session and leave it running)."""
     name, build_model, load_data = MODELS[model_key]
     own_session = spark is None
     if own_session:
         spark = get_spark("local[2]", app_name="bigdl_py bench distributed", conf=conf)
-    spark.sparkContext.setLogLevel("ERROR")
-    rows = []
+        spark.sparkContext.setLogLevel("ERROR")
+        jvm_warm_up(spark, jvm_warmup_seconds)
     (features, labels), source = load_data()
     print(
         f"{name} on {source}, local[2], {partitions} partitions, {iterations} iterations "
-        f"after {warmup} warm-up (rounded up to whole jobs); ms per iteration (means; "
-        f"one-job phases: medians)"
+        f"after {warmup} warm-up (rounded up to whole jobs), {rounds} round(s); ms per "
+        f"iteration (means; one-job phases: medians)"
     )
-    header = ["batch", "update", "per job", "samples/s", "iteration", "forward_backward"]
-    header += ["update", "spark", "driver", *PHASES[:1], *PHASES[2:3], *PHASES[4:]]
+    header = ["batch", "update", "per job", "round", "samples/s", "iteration"]
+    header += ["forward_backward", "update", "spark", "driver", *PHASES[:1], *PHASES[2:3]]
+    header += [*PHASES[4:]]
     print(" | ".join(header) + " | local samples/s")
+    medians = []
     for batch_size in batch_sizes:
         local = LocalOptimizer(
             build_model(),
@@ -169,50 +232,82 @@ def bench_model(
         started = time.perf_counter()
         local.optimize()
         local_rate = batch_size * 40 / (time.perf_counter() - started)
-        for update, per_job in modes:
-            warm = -(-warmup // per_job) * per_job  # whole jobs, so the measured ones are too
-            optimizer = DistriOptimizer(
-                build_model(),
-                (features, labels),
-                nn.NLLLoss(),
-                SGD(lr=0.05, momentum=0.9),
-                batch_size=batch_size,
-                end_trigger=MaxIteration(warm + iterations),
-                num_partitions=partitions,
-                update=update,
-                iterations_per_job=per_job,
-                progress=False,
-            )
-            records = timed_iterations(optimizer)
-            with optimizer:
-                optimizer.optimize()
-            summary = summarise(records, warm)
-            row = [str(batch_size), update, str(per_job)]
-            row.append(f"{batch_size / summary['iteration']:.0f}")
-            for key in ("iteration", "forward_backward", "update", "spark", "driver"):
-                row.append(f"{summary[key] * 1000:.0f}")
-            for key in ("to_first_task", "shuffle", "to_driver"):
-                row.append(f"{summary[key] * 1000:.0f}" if key in summary else "-")
-            print(" | ".join(row) + f" | {local_rate:.0f}", flush=True)
-            rows.append(
-                {
+        by_mode: dict[tuple, list[dict]] = {mode: [] for mode in modes}
+        for round_number in range(1, rounds + 1):
+            for update, per_job in modes:
+                summary = _measure_mode(
+                    build_model,
+                    features,
+                    labels,
+                    batch_size,
+                    partitions,
+                    iterations,
+                    warmup,
+                    update,
+                    per_job,
+                )
+                row = {
                     "model": name,
                     "batch": batch_size,
                     "mode": f"{update}:{per_job}",
+                    "round": round_number,
                     "samples_per_second": batch_size / summary["iteration"],
                     "local_samples_per_second": local_rate,
                     **summary,
                 }
-            )
+                by_mode[(update, per_job)].append(row)
+                print(_format_row(row, str(round_number)), flush=True)
+        for mode in modes:
+            median = _median_row(by_mode[mode])
+            medians.append(median)
+            if rounds > 1:
+                print(_format_row(median, "median"), flush=True)
     if own_session:
         spark.stop()
-    return rows
+    return medians
 
 
-def bench_all(lenet_iterations, cnn_iterations, allreduce_repeats, conf=None):
+def _measure_mode(
+    build_model, features, labels, batch_size, partitions, iterations, warmup, update, per_job
+) -> dict:
+    """One DistriOptimizer run of ``iterations`` after whole-job warm-up: its summary."""
+    warm = -(-warmup // per_job) * per_job  # whole jobs, so the measured ones are too
+    optimizer = DistriOptimizer(
+        build_model(),
+        (features, labels),
+        nn.NLLLoss(),
+        SGD(lr=0.05, momentum=0.9),
+        batch_size=batch_size,
+        end_trigger=MaxIteration(warm + iterations),
+        num_partitions=partitions,
+        update=update,
+        iterations_per_job=per_job,
+        progress=False,
+    )
+    records = timed_iterations(optimizer)
+    with optimizer:
+        optimizer.optimize()
+    return summarise(records, warm)
+
+
+def _format_row(row: dict, round_label: str) -> str:
+    update, per_job = row["mode"].split(":")
+    cells = [str(row["batch"]), update, per_job, round_label]
+    cells.append(f"{row['samples_per_second']:.0f}")
+    for key in ("iteration", "forward_backward", "update", "spark", "driver"):
+        cells.append(f"{row[key] * 1000:.0f}")
+    for key in ("to_first_task", "shuffle", "to_driver"):
+        cells.append(f"{row[key] * 1000:.0f}" if key in row else "-")
+    return " | ".join(cells) + f" | {row['local_samples_per_second']:.0f}"
+
+
+def bench_all(
+    lenet_iterations, cnn_iterations, allreduce_repeats, conf=None, rounds=2, jvm_warmup_seconds=60
+):
     """Everything the distributed-training issue asks for, in one run and one session: the
-    floor, LeNet-5 at batch 128 and 512 and the CIFAR CNN at 128 (N = 2, every mode, beside
-    LocalOptimizer), the AllReduce alone, and the bars checked against what was measured."""
+    JVM's warm-up, the floor, LeNet-5 at batch 128 and 512 and the CIFAR CNN at 128 (N = 2,
+    every mode, ``rounds`` times, beside LocalOptimizer), the AllReduce alone, and the bars
+    checked against the median rounds."""
     import spark_floor
     from pyspark import cloudpickle
 
@@ -222,14 +317,18 @@ def bench_all(lenet_iterations, cnn_iterations, allreduce_repeats, conf=None):
     spark.sparkContext.setLogLevel("ERROR")
     load = os.getloadavg()[0]
     print(f"# bench/distributed.py all, {time.strftime('%Y-%m-%d %H:%M')}, load average {load:.2f}")
+    print("\n## The JVM's warm-up (not measured below)")
+    jvm_warm_up(spark, jvm_warmup_seconds)
     jobs = spark_floor._make_jobs(spark)
     floor = {kind: spark_floor._time_ms(jobs[kind], 20, warmup=5) for kind in jobs}
     print("\n## The floor: empty PySpark jobs with get_spark's settings, median of 20 ms")
     print(" | ".join(floor) + "\n" + " | ".join(str(value) for value in floor.values()))
-    modes = [parse_mode(mode) for mode in ("sharded:1", "sharded:8", "replicated:8")]
     print("\n## DistriOptimizer, N = 2, local[2]")
-    lenet = bench_model("lenet", [128, 512], 2, lenet_iterations, modes, spark=spark)
-    cnn = bench_model("cnn", [128], 2, cnn_iterations, modes, spark=spark)
+    lenet = bench_model(
+        "lenet", [128, 512], 2, lenet_iterations, DEFAULT_MODES, spark=spark, rounds=rounds
+    )
+    cnn_modes = DEFAULT_MODES[:3]  # its compute dominates: 16 per job changes nothing there
+    cnn = bench_model("cnn", [128], 2, cnn_iterations, cnn_modes, spark=spark, rounds=rounds)
     print("\n## AllReduce alone (collectives.all_reduce, sum), median ms")
     spark_floor.run_allreduce([1, 4, 16, 64], [2, 4], allreduce_repeats, spark=spark)
     print("\n## The bars (from the rows above)")
@@ -337,21 +436,25 @@ def main(argv=None):
     lenet = commands.add_parser("lenet")
     lenet.add_argument("--batch-sizes", type=int, nargs="+", default=[128, 512])
     lenet.add_argument("--partitions", type=int, default=2)
-    lenet.add_argument("--iterations", type=int, default=60)
-    modes = ["sharded:1", "sharded:8", "replicated:8"]
-    lenet.add_argument(
-        "--modes", type=parse_mode, nargs="+", default=[parse_mode(m) for m in modes]
-    )
+    lenet.add_argument("--iterations", type=int, default=160)
+    lenet.add_argument("--modes", type=parse_mode, nargs="+", default=DEFAULT_MODES)
     cnn = commands.add_parser("cnn")
     cnn.add_argument("--batch-sizes", type=int, nargs="+", default=[128])
     cnn.add_argument("--partitions", type=int, default=2)
     cnn.add_argument("--iterations", type=int, default=20)
-    cnn.add_argument("--modes", type=parse_mode, nargs="+", default=[parse_mode(m) for m in modes])
+    cnn.add_argument("--modes", type=parse_mode, nargs="+", default=DEFAULT_MODES[:3])
     everything = commands.add_parser("all")
-    everything.add_argument("--lenet-iterations", type=int, default=60)
+    everything.add_argument("--lenet-iterations", type=int, default=160)
     everything.add_argument("--cnn-iterations", type=int, default=20)
     everything.add_argument("--allreduce-repeats", type=int, default=3)
     for command in (lenet, cnn, everything):
+        command.add_argument("--rounds", type=int, default=2, help="measurements of each mode")
+        command.add_argument(
+            "--jvm-warmup-seconds",
+            type=float,
+            default=60.0,
+            help="train LeNet-5 this long first, so the JVM's JIT compiler is done (0: none)",
+        )
         command.add_argument(
             "--conf",
             action="append",
@@ -372,6 +475,8 @@ def main(argv=None):
             arguments.iterations,
             arguments.modes,
             conf=conf,
+            rounds=arguments.rounds,
+            jvm_warmup_seconds=arguments.jvm_warmup_seconds,
         )
     elif arguments.command == "all":
         bench_all(
@@ -379,6 +484,8 @@ def main(argv=None):
             arguments.cnn_iterations,
             arguments.allreduce_repeats,
             conf=conf,
+            rounds=arguments.rounds,
+            jvm_warmup_seconds=arguments.jvm_warmup_seconds,
         )
     else:
         bench_long(arguments.iterations, arguments.mode)
