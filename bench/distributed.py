@@ -5,6 +5,7 @@
                                       [--rounds 2] [--jvm-warmup-seconds 60]
     python bench/distributed.py cnn   [--batch-sizes 128] [--partitions 2] [--iterations 20]
     python bench/distributed.py long  [--iterations 1000] [--mode sharded:8]
+    python bench/distributed.py warmup [--iterations 4800] [--chunk 480] [--mode replicated:16]
     python bench/distributed.py all   [--lenet-iterations 160] [--cnn-iterations 20] [--rounds 2]
                                       [--jvm-warmup-seconds 60]
 
@@ -38,6 +39,8 @@ the compiler is done (bench/RESULTS.md). A training run of minutes lives in the 
 so the bench first trains LeNet-5 for ``--jvm-warmup-seconds`` (printing what it reaches, so
 the young JVM's speed is on record too), then measures every mode ``--rounds`` times in
 rotation and reports each round and the median; the floor is measured in the same warm JVM.
+``warmup`` shows the effect: one LeNet-5 run at batch 128 from the JVM's start, its samples/s
+per ``--chunk`` iterations.
 
 ``long`` runs 1,000 iterations of a small model and samples, every 100 iterations: the
 driver's RSS, the executors' Python workers' RSS, the JVM heap in use, the number of
@@ -357,6 +360,40 @@ def bench_all(
     spark.stop()
 
 
+def bench_warmup(iterations: int, chunk: int, mode: tuple[str, int], conf=None) -> None:
+    """One LeNet-5 run (batch 128) in a fresh session: samples/s per ``chunk`` iterations."""
+    spark = get_spark("local[2]", app_name="bigdl_py bench warm-up", conf=conf)
+    spark.sparkContext.setLogLevel("ERROR")
+    (features, labels), source = training_images()
+    optimizer = DistriOptimizer(
+        lenet5(),
+        (features, labels),
+        nn.NLLLoss(),
+        SGD(lr=0.05, momentum=0.9),
+        batch_size=128,
+        end_trigger=MaxIteration(iterations),
+        num_partitions=2,
+        update=mode[0],
+        iterations_per_job=mode[1],
+        progress=False,
+    )
+    records = timed_iterations(optimizer)
+    with optimizer:
+        optimizer.optimize()
+    rates, seconds, count, done = [], 0.0, 0, 0
+    for job_seconds, job_iterations, _ in records:
+        seconds, count, done = seconds + job_seconds, count + job_iterations, done + job_iterations
+        if count >= chunk:
+            rates.append(f"{done}: {128 * count / seconds:.0f}")
+            seconds, count = 0.0, 0
+    print(
+        f"LeNet-5 on {source}, batch 128, {mode[0]}:{mode[1]}, from the JVM's start; "
+        f"samples/s per {chunk} iterations (iterations done: samples/s)"
+    )
+    print(", ".join(rates))
+    spark.stop()
+
+
 def rss_mb(pid) -> float:
     try:
         with open(f"/proc/{pid}/status") as status:
@@ -465,6 +502,10 @@ def main(argv=None):
     long_run = commands.add_parser("long")
     long_run.add_argument("--iterations", type=int, default=1000)
     long_run.add_argument("--mode", type=parse_mode, default=parse_mode("sharded:8"))
+    warmup = commands.add_parser("warmup")
+    warmup.add_argument("--iterations", type=int, default=4800)
+    warmup.add_argument("--chunk", type=int, default=480)
+    warmup.add_argument("--mode", type=parse_mode, default=parse_mode("replicated:16"))
     arguments = parser.parse_args(argv)
     conf = dict(setting.split("=", 1) for setting in getattr(arguments, "conf", []))
     if arguments.command in MODELS:
@@ -487,6 +528,8 @@ def main(argv=None):
             rounds=arguments.rounds,
             jvm_warmup_seconds=arguments.jvm_warmup_seconds,
         )
+    elif arguments.command == "warmup":
+        bench_warmup(arguments.iterations, arguments.chunk, arguments.mode)
     else:
         bench_long(arguments.iterations, arguments.mode)
 
