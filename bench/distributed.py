@@ -83,6 +83,22 @@ def training_images():
         return (images, generator.integers(0, 10, 60000)), "random images"
 
 
+def bench_optimizer(model, data, batch_size, iterations, partitions, update, per_job):
+    """The DistriOptimizer every measurement here runs: NLL loss, SGD with momentum."""
+    return DistriOptimizer(
+        model,
+        data,
+        nn.NLLLoss(),
+        SGD(lr=0.05, momentum=0.9),
+        batch_size=batch_size,
+        end_trigger=MaxIteration(iterations),
+        num_partitions=partitions,
+        update=update,
+        iterations_per_job=per_job,
+        progress=False,
+    )
+
+
 def timed_iterations(optimizer):
     """Wrap the runner so each call's wall time, iteration count and breakdown are kept."""
     records = []
@@ -97,6 +113,14 @@ def timed_iterations(optimizer):
         return results
 
     optimizer.runner.run_iterations = recorded
+    return records
+
+
+def run_timed(optimizer) -> list:
+    """Run ``optimizer`` to its end (and release it): the records of ``timed_iterations``."""
+    records = timed_iterations(optimizer)
+    with optimizer:
+        optimizer.optimize()
     return records
 
 
@@ -161,21 +185,8 @@ def jvm_warm_up(spark, seconds: float) -> list[float]:
     rates = []
     started = time.perf_counter()
     while time.perf_counter() - started < seconds:
-        optimizer = DistriOptimizer(
-            lenet5(),
-            (features, labels),
-            nn.NLLLoss(),
-            SGD(lr=0.05, momentum=0.9),
-            batch_size=128,
-            end_trigger=MaxIteration(160),
-            num_partitions=2,
-            update="replicated",
-            iterations_per_job=16,
-            progress=False,
-        )
-        records = timed_iterations(optimizer)
-        with optimizer:
-            optimizer.optimize()
+        optimizer = bench_optimizer(lenet5(), (features, labels), 128, 160, 2, "replicated", 16)
+        records = run_timed(optimizer)
         rates.append(128 * 160 / sum(seconds for seconds, _, _ in records))
     print(
         f"JVM warm-up, {time.perf_counter() - started:.0f} s of LeNet-5 (batch 128, "
@@ -275,21 +286,16 @@ def _measure_mode(
 ) -> dict:
     """One DistriOptimizer run of ``iterations`` after whole-job warm-up: its summary."""
     warm = -(-warmup // per_job) * per_job  # whole jobs, so the measured ones are too
-    optimizer = DistriOptimizer(
+    optimizer = bench_optimizer(
         build_model(),
         (features, labels),
-        nn.NLLLoss(),
-        SGD(lr=0.05, momentum=0.9),
-        batch_size=batch_size,
-        end_trigger=MaxIteration(warm + iterations),
-        num_partitions=partitions,
-        update=update,
-        iterations_per_job=per_job,
-        progress=False,
+        batch_size,
+        warm + iterations,
+        partitions,
+        update,
+        per_job,
     )
-    records = timed_iterations(optimizer)
-    with optimizer:
-        optimizer.optimize()
+    records = run_timed(optimizer)
     return summarise(records, warm)
 
 
@@ -365,21 +371,8 @@ def bench_warmup(iterations: int, chunk: int, mode: tuple[str, int], conf=None) 
     spark = get_spark("local[2]", app_name="bigdl_py bench warm-up", conf=conf)
     spark.sparkContext.setLogLevel("ERROR")
     (features, labels), source = training_images()
-    optimizer = DistriOptimizer(
-        lenet5(),
-        (features, labels),
-        nn.NLLLoss(),
-        SGD(lr=0.05, momentum=0.9),
-        batch_size=128,
-        end_trigger=MaxIteration(iterations),
-        num_partitions=2,
-        update=mode[0],
-        iterations_per_job=mode[1],
-        progress=False,
-    )
-    records = timed_iterations(optimizer)
-    with optimizer:
-        optimizer.optimize()
+    optimizer = bench_optimizer(lenet5(), (features, labels), 128, iterations, 2, mode[0], mode[1])
+    records = run_timed(optimizer)
     rates, seconds, count, done = [], 0.0, 0, 0
     for job_seconds, job_iterations, _ in records:
         seconds, count, done = seconds + job_seconds, count + job_iterations, done + job_iterations
@@ -419,18 +412,7 @@ def bench_long(iterations, mode, every=100):
     features = generator.normal(size=(4096, 32)).astype(np.float32)
     labels = generator.integers(0, 4, 4096)
     model = nn.Sequential(nn.Linear(32, 64), nn.Tanh(), nn.Linear(64, 4), nn.LogSoftmax())
-    optimizer = DistriOptimizer(
-        model,
-        (features, labels),
-        nn.NLLLoss(),
-        SGD(lr=0.05, momentum=0.9),
-        batch_size=64,
-        end_trigger=MaxIteration(iterations),
-        num_partitions=2,
-        update=mode[0],
-        iterations_per_job=mode[1],
-        progress=False,
-    )
+    optimizer = bench_optimizer(model, (features, labels), 64, iterations, 2, mode[0], mode[1])
     local_dir = sc.getConf().get("spark.local.dir", "/tmp")
     runtime = sc._jvm.java.lang.Runtime.getRuntime()
     print(
