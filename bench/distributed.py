@@ -176,23 +176,22 @@ def parse_mode(text: str) -> tuple[str, int]:
     return update, int(per_job or 1)
 
 
-def jvm_warm_up(spark, seconds: float) -> list[float]:
-    """Train LeNet-5 (batch 128, replicated, 16 per job) in this session for ``seconds``,
-    printing samples/s per run of 160 iterations: the young JVM's speed, kept on record."""
+def jvm_warm_up(seconds: float) -> None:
+    """Train LeNet-5 (batch 128, replicated, 16 per job) in the active session for
+    ``seconds``, printing samples/s per run of 160 iterations: the young JVM's speed."""
     if seconds <= 0:
-        return []
+        return
     (features, labels), _ = training_images()
     rates = []
     started = time.perf_counter()
     while time.perf_counter() - started < seconds:
         optimizer = bench_optimizer(lenet5(), (features, labels), 128, 160, 2, "replicated", 16)
         records = run_timed(optimizer)
-        rates.append(128 * 160 / sum(seconds for seconds, _, _ in records))
+        rates.append(128 * 160 / sum(job_seconds for job_seconds, _, _ in records))
     print(
         f"JVM warm-up, {time.perf_counter() - started:.0f} s of LeNet-5 (batch 128, "
         f"replicated:16), samples/s per 160 iterations: {' '.join(f'{r:.0f}' for r in rates)}"
     )
-    return rates
 
 
 def _median_row(rows: list[dict]) -> dict:
@@ -221,16 +220,15 @@ def bench_model(
     if own_session:
         spark = get_spark("local[2]", app_name="bigdl_py bench distributed", conf=conf)
         spark.sparkContext.setLogLevel("ERROR")
-        jvm_warm_up(spark, jvm_warmup_seconds)
+        jvm_warm_up(jvm_warmup_seconds)
     (features, labels), source = load_data()
     print(
         f"{name} on {source}, local[2], {partitions} partitions, {iterations} iterations "
         f"after {warmup} warm-up (rounded up to whole jobs), {rounds} round(s); ms per "
         f"iteration (means; one-job phases: medians)"
     )
-    header = ["batch", "update", "per job", "round", "samples/s", "iteration"]
-    header += ["forward_backward", "update", "spark", "driver", *PHASES[:1], *PHASES[2:3]]
-    header += [*PHASES[4:]]
+    header = ["batch", "update", "per job", "round", "samples/s", "iteration", "forward_backward"]
+    header += ["update", "spark", "driver", "to_first_task", "shuffle", "to_driver"]
     print(" | ".join(header) + " | local samples/s")
     medians = []
     for batch_size in batch_sizes:
@@ -327,7 +325,7 @@ def bench_all(
     load = os.getloadavg()[0]
     print(f"# bench/distributed.py all, {time.strftime('%Y-%m-%d %H:%M')}, load average {load:.2f}")
     print("\n## The JVM's warm-up (not measured below)")
-    jvm_warm_up(spark, jvm_warmup_seconds)
+    jvm_warm_up(jvm_warmup_seconds)
     jobs = spark_floor._make_jobs(spark)
     floor = {kind: spark_floor._time_ms(jobs[kind], 20, warmup=5) for kind in jobs}
     print("\n## The floor: empty PySpark jobs with get_spark's settings, median of 20 ms")
@@ -366,9 +364,9 @@ def bench_all(
     spark.stop()
 
 
-def bench_warmup(iterations: int, chunk: int, mode: tuple[str, int], conf=None) -> None:
+def bench_warmup(iterations: int, chunk: int, mode: tuple[str, int]) -> None:
     """One LeNet-5 run (batch 128) in a fresh session: samples/s per ``chunk`` iterations."""
-    spark = get_spark("local[2]", app_name="bigdl_py bench warm-up", conf=conf)
+    spark = get_spark("local[2]", app_name="bigdl_py bench warm-up")
     spark.sparkContext.setLogLevel("ERROR")
     (features, labels), source = training_images()
     optimizer = bench_optimizer(lenet5(), (features, labels), 128, iterations, 2, mode[0], mode[1])
