@@ -7,4 +7,5 @@ from bigdl_py.nn.layers import *  # noqa: F403
 from bigdl_py.nn.loss import *  # noqa: F403
 from bigdl_py.nn.module import Module, Parameter  # noqa: F401
 from bigdl_py.nn.recurrent import *  # noqa: F403
+from bigdl_py.nn.safetensors_io import load_safetensors, save_safetensors  # noqa: F401
 from bigdl_py.nn.serialization import load, register_module, save  # noqa: F401
