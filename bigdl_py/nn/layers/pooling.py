@@ -1,12 +1,15 @@
-"""2-d max and average pooling (BigDL's ``SpatialMaxPooling``, ``SpatialAveragePooling``)."""
+"""Max and average pooling: 2-d, 1-d and adaptive (BigDL's ``SpatialMaxPooling``,
+``SpatialAveragePooling``, ``TemporalMaxPooling``, ``SpatialAdaptiveMaxPooling``, ...)."""
 
 from __future__ import annotations
 
+import numpy as np
+
 from bigdl_py.autograd import ops
-from bigdl_py.nn.layers._base import check_ndim, int_pair
+from bigdl_py.nn.layers._base import check_ndim, int_pair, label
 from bigdl_py.nn.module import Module
 
-__all__ = ["AvgPool2d", "MaxPool2d"]
+__all__ = ["AdaptiveAvgPool2d", "AdaptiveMaxPool2d", "AvgPool2d", "MaxPool2d"]
 
 
 class _Pool2d(Module):
@@ -69,3 +72,82 @@ class AvgPool2d(_Pool2d):
     def forward(self, x):
         check_ndim(self, x, (4,), "(N, C, H, W)")
         return ops.avg_pool2d(x, self.kernel_size, self.stride, self.padding)
+
+
+class _AdaptivePool2d(Module):
+    """The ``output_size`` setting shared by the adaptive pools."""
+
+    def __init__(self, output_size: int | tuple[int | None, int | None]):
+        super().__init__()
+        self.output_size = _adaptive_output_size(output_size, type(self).__name__)
+
+    def _check_input(self, x) -> None:
+        check_ndim(self, x, (4,), "(N, C, H, W)")
+        if min(x.shape[2:]) < 1:
+            raise ValueError(f"{label(self)}: input has an empty spatial axis, shape {x.shape}")
+
+    def extra_repr(self) -> str:
+        return f"output_size={self.output_size}"
+
+
+def _adaptive_output_size(value, layer_name: str):
+    """An int or a pair of (int or None), kept as given (a list from JSON becomes a tuple)."""
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= 1:
+        return int(value)
+    if isinstance(value, (tuple, list)) and len(value) == 2:
+        if all(
+            v is None or (isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v >= 1)
+            for v in value
+        ):
+            return tuple(None if v is None else int(v) for v in value)
+    raise ValueError(
+        f"{layer_name}: output_size must be a positive int or a pair of positive ints "
+        f"(None keeps that axis), got {value!r}"
+    )
+
+
+class AdaptiveAvgPool2d(_AdaptivePool2d):
+    """Average ``(N, C, H, W)`` input over windows sized to give ``output_size``.
+
+    Parameters
+    ----------
+    output_size : int or (int or None, int or None)
+        ``(OH, OW)`` (an int means square); ``None`` keeps that axis's input size. Window
+        ``i`` covers ``[floor(i*H/OH), ceil((i+1)*H/OH))``, as in PyTorch, so windows may
+        differ in size and overlap when ``OH`` does not divide ``H``.
+
+    Notes
+    -----
+    ``AdaptiveAvgPool2d(1)`` is the global average pooling at the end of residual networks.
+    """
+
+    def forward(self, x):
+        self._check_input(x)
+        return ops.adaptive_avg_pool2d(x, self.output_size)
+
+
+class AdaptiveMaxPool2d(_AdaptivePool2d):
+    """Maximum of ``(N, C, H, W)`` input over windows sized to give ``output_size``.
+
+    Parameters
+    ----------
+    output_size : int or (int or None, int or None)
+        As for :class:`AdaptiveAvgPool2d`.
+    return_indices : bool
+        Must be False: returning the positions of the maxima is not supported.
+
+    Notes
+    -----
+    The gradient of a window goes to its first maximum in row-major order, like PyTorch.
+    """
+
+    def __init__(
+        self, output_size: int | tuple[int | None, int | None], return_indices: bool = False
+    ):
+        if return_indices:
+            raise ValueError("AdaptiveMaxPool2d: return_indices=True is not supported")
+        super().__init__(output_size)
+
+    def forward(self, x):
+        self._check_input(x)
+        return ops.adaptive_max_pool2d(x, self.output_size)

@@ -1,0 +1,307 @@
+"""Resampling a 2-d grid: adaptive pooling and up-sampling of ``(N, C, H, W)`` input.
+
+Adaptive average pooling, nearest and bilinear up-sampling are all *separable linear maps*:
+each output is a weighted sum of the inputs whose weights factor into a row weight times a
+column weight. So one op serves the three: ``y = R @ x @ C^T`` with a small ``(OH, H)`` row
+matrix ``R`` and ``(OW, W)`` column matrix ``C`` built per call, and the backward is the
+transposed map ``R^T @ grad @ C``. That is two batched matrix products each way, exact,
+branch-free, and the same code on NumPy and CuPy. (Its cost grows with ``H*W*OW``, not
+``OH*OW``; for the small feature maps these layers see that is cheaper than an index
+gather with a scatter-add backward.)
+
+Adaptive max pooling is not linear; it gathers each window's elements into one axis and
+takes the first maximum, as PyTorch does.
+
+Window and index rules are PyTorch's:
+
+* adaptive window ``i`` of ``out`` over ``size`` inputs: ``[floor(i*size/out),
+  ceil((i+1)*size/out))``;
+* nearest: source ``min(floor(i * scale), size - 1)`` with ``scale = 1/scale_factor`` when a
+  scale factor was given, else ``size / out`` (computed in float32, like PyTorch's kernel);
+* bilinear: source ``i * (size-1)/(out-1)`` with ``align_corners``, else
+  ``max((i + 0.5) * scale - 0.5, 0)``, between its two neighbours.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from bigdl_py import backend
+from bigdl_py.autograd.function import Function
+
+
+# --- the per-axis weight matrices (built on the host, then moved next to the input) -------
+def adaptive_windows(size: int, out: int) -> tuple[np.ndarray, np.ndarray]:
+    """Start (inclusive) and end (exclusive) of each of ``out`` adaptive windows over ``size``."""
+    index = np.arange(out)
+    starts = (index * size) // out
+    ends = -((-(index + 1) * size) // out)  # ceil division in integers: no float rounding
+    return starts, ends
+
+
+def adaptive_average_matrix(size: int, out: int) -> np.ndarray:
+    """``(out, size)``: row ``i`` averages adaptive window ``i``."""
+    starts, ends = adaptive_windows(size, out)
+    positions = np.arange(size)
+    inside = (positions >= starts[:, None]) & (positions < ends[:, None])
+    return inside / (ends - starts)[:, None]
+
+
+def nearest_matrix(size: int, out: int, scale_factor: float | None) -> np.ndarray:
+    """``(out, size)``: row ``i`` picks the nearest-neighbour source of output ``i``."""
+    scale = np.float32(1.0 / scale_factor if scale_factor else size / out)
+    sources = np.minimum(np.floor(np.arange(out, dtype=np.float32) * scale), size - 1)
+    matrix = np.zeros((out, size))
+    matrix[np.arange(out), sources.astype(np.int64)] = 1.0
+    return matrix
+
+
+def bilinear_matrix(
+    size: int, out: int, scale_factor: float | None, align_corners: bool
+) -> np.ndarray:
+    """``(out, size)``: row ``i`` weighs the two neighbours of output ``i``'s source point."""
+    index = np.arange(out, dtype=np.float64)
+    if align_corners:
+        sources = index * ((size - 1) / (out - 1)) if out > 1 else np.zeros(out)
+    else:
+        scale = 1.0 / scale_factor if scale_factor else size / out
+        sources = np.maximum((index + 0.5) * scale - 0.5, 0.0)
+    lower = np.minimum(np.floor(sources).astype(np.int64), size - 1)
+    upper = np.minimum(lower + 1, size - 1)
+    upper_weight = np.clip(sources - lower, 0.0, 1.0)
+    matrix = np.zeros((out, size))
+    rows = np.arange(out)
+    # Added, not assigned: at the last input both neighbours are the same element.
+    np.add.at(matrix, (rows, lower), 1.0 - upper_weight)
+    np.add.at(matrix, (rows, upper), upper_weight)
+    return matrix
+
+
+def _check_4d(x, op_name: str) -> None:
+    if x.ndim != 4:
+        raise ValueError(f"{op_name}: input must be 4-d (N, C, H, W), got shape {tuple(x.shape)}")
+    if not backend.is_floating(x.dtype):
+        raise TypeError(f"{op_name}: input must be floating point, got dtype {x.dtype}")
+
+
+class SeparableResample(Function):
+    """``y[n, c] = rows @ x[n, c] @ columns^T`` for host weight matrices ``rows``, ``columns``."""
+
+    def forward(self, x, rows=None, columns=None, op_name="resample"):
+        _check_4d(x, op_name)
+        xp = backend.array_module(x)
+        device = backend.device_of(x)
+        self.rows = backend.to_device(rows.astype(x.dtype), device)
+        self.columns = backend.to_device(columns.astype(x.dtype), device)
+        self.input_shape = x.shape
+        return self._apply(xp, x, self.rows, self.columns)
+
+    def backward(self, grad):
+        xp = backend.array_module(grad)
+        return self._apply(xp, grad, self.rows.T, self.columns.T)
+
+    def _release_extra(self) -> None:
+        self.rows = self.columns = None
+
+    @staticmethod
+    def _apply(xp, x, rows, columns):
+        """``rows @ x @ columns^T`` over the last two axes, the smaller product first."""
+        batch, channels, height, width = x.shape
+        out_height, out_width = rows.shape[0], columns.shape[0]
+        if out_width * height <= out_height * width:
+            # Columns first: (N*C*H, W) @ (W, OW), then rows: (OH, H) @ (N*C, H, OW).
+            partial = (x.reshape(-1, width) @ columns.T).reshape(batch * channels, height, -1)
+            result = xp.matmul(rows, partial)
+        else:
+            partial = xp.matmul(rows, x.reshape(batch * channels, height, width))
+            result = partial.reshape(-1, width) @ columns.T
+        return xp.ascontiguousarray(result.reshape(batch, channels, out_height, out_width))
+
+
+class AdaptiveMaxPool2d(Function):
+    """Maximum over adaptive windows; the gradient goes to each window's first maximum."""
+
+    def forward(self, x, output_size=(1, 1)):
+        _check_4d(x, "adaptive_max_pool2d")
+        xp = backend.array_module(x)
+        device = backend.device_of(x)
+        batch, channels, height, width = x.shape
+        # Per axis, the input index of every (output, offset) pair. Windows shorter than the
+        # longest repeat their last element: a repeat never changes the maximum, and it comes
+        # after the original, so the first maximum is always a real position.
+        row_index = _window_indices(height, output_size[0])
+        column_index = _window_indices(width, output_size[1])
+        flat_index = row_index[:, :, None, None] * width + column_index[None, None, :, :]
+        # (OH, KH, OW, KW) -> (OH, OW, KH*KW): each window's elements in row-major order.
+        flat_index = flat_index.transpose(0, 2, 1, 3).reshape(output_size + (-1,))
+        flat_index = backend.to_device(flat_index, device)
+        windows = x.reshape(batch, channels, height * width)[:, :, flat_index]
+        winner = windows.argmax(axis=-1)
+        self.source = xp.take_along_axis(
+            xp.broadcast_to(flat_index, windows.shape), winner[..., None], axis=-1
+        )[..., 0]
+        self.input_shape = x.shape
+        return xp.take_along_axis(windows, winner[..., None], axis=-1)[..., 0]
+
+    def backward(self, grad):
+        xp = backend.array_module(grad)
+        batch, channels, height, width = self.input_shape
+        rows = batch * channels
+        grad_x = xp.zeros((rows * height * width,), dtype=grad.dtype)
+        # Windows may overlap, so one input can be the maximum of several: add, never assign.
+        offsets = (xp.arange(rows) * (height * width)).reshape(batch, channels, 1, 1)
+        backend.scatter_add(grad_x, (self.source + offsets).reshape(-1), grad.reshape(-1))
+        return grad_x.reshape(self.input_shape)
+
+    def _release_extra(self) -> None:
+        self.source = None
+
+
+def _window_indices(size: int, out: int) -> np.ndarray:
+    """``(out, longest window)`` input indices of each adaptive window, last one repeated."""
+    starts, ends = adaptive_windows(size, out)
+    longest = int((ends - starts).max())
+    return np.minimum(starts[:, None] + np.arange(longest), ends[:, None] - 1)
+
+
+# --- functional API -----------------------------------------------------------------------
+__all__ = [
+    "adaptive_avg_pool2d",
+    "adaptive_max_pool2d",
+    "interpolate",
+]
+
+
+def _output_pair(output_size, height: int, width: int, op_name: str) -> tuple[int, int]:
+    """PyTorch's ``output_size``: an int, or a pair whose ``None`` keeps the input's size."""
+    if isinstance(output_size, (int, np.integer)) and not isinstance(output_size, bool):
+        pair = (output_size, output_size)
+    elif isinstance(output_size, (tuple, list)) and len(output_size) == 2:
+        pair = tuple(output_size)
+    else:
+        raise ValueError(
+            f"{op_name}: output_size must be an int or a pair (None keeps that axis), "
+            f"got {output_size!r}"
+        )
+    resolved = tuple(
+        int(value) if value is not None else size
+        for value, size in zip(pair, (height, width), strict=True)
+    )
+    if min(resolved) < 1:
+        raise ValueError(f"{op_name}: output_size must be >= 1, got {output_size!r}")
+    return resolved
+
+
+def adaptive_avg_pool2d(x, output_size):
+    """Average ``(N, C, H, W)`` input over adaptive windows to ``output_size``.
+
+    Parameters
+    ----------
+    x : Tensor
+        Input of shape ``(N, C, H, W)``.
+    output_size : int or (int or None, int or None)
+        ``(OH, OW)``; ``None`` keeps that axis's input size. Window ``i`` of an axis covers
+        ``[floor(i*H/OH), ceil((i+1)*H/OH))``, as in PyTorch.
+
+    Returns
+    -------
+    Tensor
+        Shape ``(N, C, OH, OW)``.
+    """
+    _check_4d(x, "adaptive_avg_pool2d")
+    height, width = x.shape[2:]
+    out_height, out_width = _output_pair(output_size, height, width, "adaptive_avg_pool2d")
+    return SeparableResample.apply(
+        x,
+        rows=adaptive_average_matrix(height, out_height),
+        columns=adaptive_average_matrix(width, out_width),
+        op_name="adaptive_avg_pool2d",
+    )
+
+
+def adaptive_max_pool2d(x, output_size):
+    """Maximum of ``(N, C, H, W)`` input over adaptive windows (see ``adaptive_avg_pool2d``).
+
+    The gradient of each window goes to its first maximum in row-major order, as in PyTorch.
+    """
+    _check_4d(x, "adaptive_max_pool2d")
+    height, width = x.shape[2:]
+    pair = _output_pair(output_size, height, width, "adaptive_max_pool2d")
+    return AdaptiveMaxPool2d.apply(x, output_size=pair)
+
+
+def interpolate(
+    x,
+    size=None,
+    scale_factor=None,
+    mode: str = "nearest",
+    align_corners: bool | None = None,
+):
+    """Resize ``(N, C, H, W)`` input to ``size`` or by ``scale_factor`` (PyTorch's rules).
+
+    Parameters
+    ----------
+    x : Tensor
+        Input of shape ``(N, C, H, W)``.
+    size : int or (int, int), optional
+        Output ``(OH, OW)``. Give exactly one of ``size`` and ``scale_factor``.
+    scale_factor : float or (float, float), optional
+        Output size ``floor(H * scale_factor)``; the source of each output is computed from
+        ``1 / scale_factor`` (PyTorch's ``recompute_scale_factor=None``).
+    mode : {'nearest', 'bilinear'}
+    align_corners : bool, optional
+        Bilinear only (default False): map the corner pixels' centres onto each other.
+
+    Raises
+    ------
+    ValueError
+        Naming the bad setting or shape.
+    """
+    _check_4d(x, "interpolate")
+    if mode not in ("nearest", "bilinear"):
+        raise ValueError(f"interpolate: mode must be 'nearest' or 'bilinear', got {mode!r}")
+    if mode == "nearest" and align_corners is not None:
+        raise ValueError("interpolate: align_corners applies to mode='bilinear' only")
+    height, width = x.shape[2:]
+    out_size, scales = resolve_resize(size, scale_factor, (height, width), "interpolate")
+    if mode == "nearest":
+        rows = nearest_matrix(height, out_size[0], scales[0])
+        columns = nearest_matrix(width, out_size[1], scales[1])
+    else:
+        corners = bool(align_corners)
+        rows = bilinear_matrix(height, out_size[0], scales[0], corners)
+        columns = bilinear_matrix(width, out_size[1], scales[1], corners)
+    return SeparableResample.apply(x, rows=rows, columns=columns, op_name="interpolate")
+
+
+def resolve_resize(size, scale_factor, input_hw, op_name: str):
+    """``((OH, OW), (scale_h or None, scale_w or None))`` from exactly one of the two settings."""
+    if (size is None) == (scale_factor is None):
+        raise ValueError(f"{op_name}: give exactly one of size and scale_factor")
+    if size is not None:
+        pair = _number_pair(size, "size", op_name, integer=True)
+        return pair, (None, None)
+    scales = _number_pair(scale_factor, "scale_factor", op_name, integer=False)
+    out_size = tuple(math.floor(s * f) for s, f in zip(input_hw, scales, strict=True))
+    if min(out_size) < 1:
+        raise ValueError(
+            f"{op_name}: scale_factor {scale_factor!r} makes an empty output from input size "
+            f"{tuple(input_hw)}"
+        )
+    return out_size, scales
+
+
+def _number_pair(value, name: str, op_name: str, integer: bool) -> tuple:
+    """A positive number or a pair of them (ints only when ``integer``)."""
+    kinds = (int, np.integer) if integer else (int, float, np.integer, np.floating)
+    items = value if isinstance(value, (tuple, list)) else (value, value)
+    if len(items) != 2 or any(
+        isinstance(item, bool) or not isinstance(item, kinds) or item <= 0 for item in items
+    ):
+        kind = "integer" if integer else "number"
+        raise ValueError(
+            f"{op_name}: {name} must be a positive {kind} or a pair of them, got {value!r}"
+        )
+    return tuple(int(item) if integer else float(item) for item in items)

@@ -1,0 +1,123 @@
+"""Pooling, resizing, normalisation and regularisation layers of the second wave.
+
+The numerical checks are the ones every layer gets (``test_layers_parity.py``): float64
+finite differences, and PyTorch parity of the output, input and parameter gradients and
+buffers to 1e-5 relative. Here each layer also round-trips through ``nn.save``/``nn.load``
+and its errors are checked to name the layer and the bad setting or shape.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import test_layers_parity as parity
+
+from bigdl_py import nn
+from bigdl_py.autograd import Tensor
+
+F64 = np.float64
+
+
+# (id, our layer in float64, the PyTorch layer, input specs)
+CASES = [
+    (
+        "adaptive_avg_pool2d_global",
+        lambda: nn.AdaptiveAvgPool2d(1),
+        lambda t: t.nn.AdaptiveAvgPool2d(1),
+        [(2, 3, 4, 5)],
+    ),
+    (
+        "adaptive_avg_pool2d_uneven_windows",
+        lambda: nn.AdaptiveAvgPool2d((3, 2)),
+        lambda t: t.nn.AdaptiveAvgPool2d((3, 2)),
+        [(2, 2, 7, 5)],
+    ),
+    (
+        "adaptive_avg_pool2d_keep_height_upsample_width",
+        lambda: nn.AdaptiveAvgPool2d((None, 7)),
+        lambda t: t.nn.AdaptiveAvgPool2d((None, 7)),
+        [(1, 2, 3, 5)],
+    ),
+    (
+        "adaptive_max_pool2d_global",
+        lambda: nn.AdaptiveMaxPool2d(1),
+        lambda t: t.nn.AdaptiveMaxPool2d(1),
+        [(2, 3, 4, 5)],
+    ),
+    (
+        "adaptive_max_pool2d_overlapping_windows",
+        lambda: nn.AdaptiveMaxPool2d((4, 3)),
+        lambda t: t.nn.AdaptiveMaxPool2d((4, 3)),
+        [(2, 2, 7, 5)],
+    ),
+]
+CASE_PARAMS = [pytest.param(*case[1:], id=case[0]) for case in CASES]
+
+
+@pytest.mark.parametrize("make_ours, make_theirs, specs", CASE_PARAMS)
+def test_layer_gradients_match_finite_differences(make_ours, make_theirs, specs):
+    parity.test_layer_gradients_match_finite_differences(make_ours, make_theirs, specs)
+
+
+@pytest.mark.parametrize("make_ours, make_theirs, specs", CASE_PARAMS)
+def test_layer_matches_pytorch(torch, make_ours, make_theirs, specs):
+    parity.test_layer_matches_pytorch(torch, make_ours, make_theirs, specs)
+
+
+@pytest.mark.parametrize("make_ours, make_theirs, specs", CASE_PARAMS)
+def test_layer_round_trips_through_save_and_load(tmp_path, make_ours, make_theirs, specs):
+    with nn.init.seeded(0):
+        layer = make_ours()
+    path = tmp_path / "layer.bigdl"
+    nn.save(layer, path)
+    loaded = nn.load(path)
+    assert type(loaded) is type(layer) and repr(loaded) == repr(layer)
+    assert loaded.training == layer.training
+    for name, value in layer.state_dict().items():
+        np.testing.assert_array_equal(loaded.state_dict()[name], value, err_msg=name)
+    inputs = parity.as_inputs(parity.make_arrays(specs))
+    layer.eval()
+    loaded.eval()
+    np.testing.assert_array_equal(loaded(*inputs).numpy(), layer(*inputs).numpy())
+
+
+def test_adaptive_max_pool_sends_the_gradient_of_a_tie_to_the_first_maximum():
+    x = Tensor(np.zeros((1, 1, 3, 3)), requires_grad=True)
+    nn.AdaptiveMaxPool2d(1)(x).sum().backward()
+    expected = np.zeros((3, 3))
+    expected[0, 0] = 1.0
+    np.testing.assert_array_equal(x.grad.numpy()[0, 0], expected)
+
+
+def test_adaptive_pools_keep_float32():
+    x = Tensor(np.ones((1, 2, 5, 5)), requires_grad=True, dtype=np.float32)
+    for layer in (nn.AdaptiveAvgPool2d(2), nn.AdaptiveMaxPool2d(3)):
+        output = layer(x)
+        assert output.dtype == np.float32
+        output.sum().backward()
+        assert x.grad.dtype == np.float32
+
+
+@pytest.mark.parametrize(
+    "layer, shape, message",
+    [
+        (nn.AdaptiveAvgPool2d(2), (3, 4, 4), r"AdaptiveAvgPool2d\(output_size=2\).*\(3, 4, 4\)"),
+        (nn.AdaptiveMaxPool2d((2, 1)), (4, 4), r"AdaptiveMaxPool2d\(output_size=\(2, 1\)\)"),
+    ],
+)
+def test_shape_errors_name_the_layer_and_the_shape(layer, shape, message):
+    with pytest.raises(ValueError, match=message):
+        layer(Tensor(np.zeros(shape)))
+
+
+@pytest.mark.parametrize(
+    "build, message",
+    [
+        (lambda: nn.AdaptiveAvgPool2d(0), r"AdaptiveAvgPool2d: output_size must be a positive"),
+        (lambda: nn.AdaptiveMaxPool2d((2, 2, 2)), r"AdaptiveMaxPool2d: output_size must be"),
+        (lambda: nn.AdaptiveMaxPool2d(2, return_indices=True), r"return_indices=True is not"),
+    ],
+)
+def test_bad_settings_raise_naming_the_layer_and_the_setting(build, message):
+    with pytest.raises(ValueError, match=message):
+        build()
