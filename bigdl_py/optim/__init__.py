@@ -99,6 +99,7 @@ _FROM_TRAIN = (
     "SeveralIteration",
     "MinLoss",
     "MaxScore",
+    "EarlyStopping",
     "And",
     "Or",
     "Top1Accuracy",

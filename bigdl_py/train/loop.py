@@ -10,6 +10,11 @@ Order of events after each iteration: counters advance; the train summary and pr
 written; validation runs when its trigger fires; at an epoch's end the learning-rate
 schedule hears about it (with that epoch's validation score, for ``Plateau``); a checkpoint
 is written when its trigger fires; then the end trigger decides whether to go on.
+
+An :class:`~bigdl_py.train.early_stopping.EarlyStopping` in the end trigger hears each
+validation (the best score is kept in the state); with ``restore_best`` the loop keeps a host
+copy of the weights of the best validation, writes it into every checkpoint (``best_model/``
+arrays) and gives it to the model when training ends.
 """
 
 from __future__ import annotations
@@ -21,10 +26,14 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from bigdl_py.nn.module import Module
 from bigdl_py.optim import ConstantClipping, L2NormClipping, OptimMethod
 from bigdl_py.train import checkpoint as checkpoints
 from bigdl_py.train import resume
+from bigdl_py.train.callbacks import TrainingCallback
+from bigdl_py.train.early_stopping import EarlyStopping, find_early_stopping
 from bigdl_py.train.metrics import ValidationMethod, ValidationResult, check_methods
 from bigdl_py.train.progress import Progress
 from bigdl_py.train.runner import IterationResult, IterationRunner, IterationStep, TrainingSetup
@@ -119,6 +128,9 @@ class BaseOptimizer:
         self._constant_clipping: ConstantClipping | None = None
         self._l2_clipping: L2NormClipping | None = None
         self._resume_path: str | None = None
+        self.callbacks: list[TrainingCallback] = []
+        # Host copy of the weights at the best validation, for EarlyStopping(restore_best).
+        self._best_weights: dict[str, np.ndarray] | None = None
 
     def _check_batch_size(self, batch_size: Any) -> int:
         if batch_size is None:
@@ -225,6 +237,16 @@ class BaseOptimizer:
         self.progress = Progress(enabled, bar, log_interval)
         return self
 
+    def add_callback(self, callback: TrainingCallback) -> BaseOptimizer:
+        """Tell ``callback`` (e.g. an ``MLflowSummary``) about every iteration, validation
+        and the end of training."""
+        if not isinstance(callback, TrainingCallback):
+            raise TypeError(
+                f"expected a TrainingCallback (e.g. MLflowSummary), got {type(callback).__name__}"
+            )
+        self.callbacks.append(callback)
+        return self
+
     def resume_from(self, path: str) -> BaseOptimizer:
         """Start the next :meth:`optimize` from a checkpoint (a directory or a manifest).
 
@@ -252,6 +274,7 @@ class BaseOptimizer:
         """
         if self.end_trigger is None:
             raise ValueError("no end trigger: pass end_trigger= or call set_end_when(MaxEpoch(n))")
+        self._check_early_stopping()
         setup = TrainingSetup(
             self.model,
             self.criterion,
@@ -265,12 +288,17 @@ class BaseOptimizer:
             if self._resume_path is not None:
                 self._restore(checkpoints.load_checkpoint(self._resume_path))
                 self._resume_path = None
+            for callback in self.callbacks:
+                callback.on_train_begin(self)
             try:
                 self._train()
-            except NonFiniteLossError:
+            except NonFiniteLossError as error:
                 self.runner.sync_model()  # the model then holds the weights the error speaks of
+                self._end_callbacks(error)
                 raise
+            self._restore_best()
             self.runner.sync_model()
+            self._end_callbacks(None)
         finally:
             self.progress.close()
             for summary in (self.train_summary, self.validation_summary):
@@ -278,6 +306,66 @@ class BaseOptimizer:
                     summary.flush()
             self.runner.close()
         return self.model
+
+    def _end_callbacks(self, error: BaseException | None) -> None:
+        for callback in self.callbacks:
+            callback.on_train_end(self, self.model, error)
+
+    # --- early stopping -----------------------------------------------------------------
+    def _early_stopping(self) -> EarlyStopping | None:
+        return find_early_stopping(self.end_trigger)
+
+    def _check_early_stopping(self) -> None:
+        """Refuse an EarlyStopping that could never fire, before any work."""
+        stopper = self._early_stopping()
+        if stopper is None:
+            return
+        if self._validation is None:
+            raise ValueError(
+                f"the end trigger holds {stopper!r}, which needs validation results: call "
+                f"set_validation(EveryEpoch(), validation_set, [Loss(), ...]) with a "
+                f"{stopper.metric!r} validation method"
+            )
+        names = [method.name for method in self._validation.methods]
+        if stopper.metric not in names:
+            raise ValueError(
+                f"{stopper!r} watches the validation metric {stopper.metric!r}, but "
+                f"set_validation computes {names}; pass metric= one of those"
+            )
+
+    def _observe_validation(self, results: list[ValidationResult]) -> None:
+        stopper = self._early_stopping()
+        if stopper is None:
+            return
+        state = self.state
+        if stopper.observe(state, results):
+            if stopper.restore_best:
+                self._best_weights = {
+                    name: np.array(value, copy=True)
+                    for name, value in self.runner.model_state_dict().items()
+                }
+            return
+        message = (
+            f"early stopping: {stopper.metric} has not improved on {state.best_score:.6g} "
+            f"(iteration {state.best_iteration}) for {state.validations_since_best} of "
+            f"{stopper.patience} validations"
+        )
+        if stopper(state):
+            message += "; training stops"
+        self.progress.message(message)
+
+    def _restore_best(self) -> None:
+        """With ``restore_best``, give the model the weights of the best validation."""
+        stopper, state = self._early_stopping(), self.state
+        if stopper is None or not stopper.restore_best or self._best_weights is None:
+            return
+        if state.best_iteration == state.iteration:
+            return  # the weights are the best ones already
+        self.runner.load_model_state_dict(self._best_weights)
+        self.progress.message(
+            f"early stopping: restored the weights of iteration {state.best_iteration} "
+            f"({stopper.metric} {state.best_score:.6g})"
+        )
 
     def _batch_plan(self, epoch: int) -> list:
         """Sample indices of every batch of ``epoch`` (the training set defines them)."""
@@ -362,6 +450,9 @@ class BaseOptimizer:
         throughput = result.samples / max(seconds, 1e-9)
         if self.train_summary is not None and finite:
             self._write_train_summary(result.loss, throughput, learning_rate)
+        if finite:
+            for callback in self.callbacks:
+                callback.on_iteration_end(state, result.loss, throughput, learning_rate)
         self.progress.iteration(
             epoch,
             state.iteration,
@@ -422,6 +513,9 @@ class BaseOptimizer:
         self.last_validation = results
         state.score = results[0].value
         state.epoch_score = state.score
+        self._observe_validation(results)
+        for callback in self.callbacks:
+            callback.on_validation_end(state, results)
         if self.validation_summary is not None:
             self.validation_summary.add_scalars(
                 {result.name: result.value for result in results}, state.iteration
@@ -447,6 +541,7 @@ class BaseOptimizer:
             self.optim_method,
             self.last_validation,
         )
+        arrays.update(resume.pack_best_weights(self._best_weights))
         plan = self._checkpoint
         self.last_checkpoint = checkpoints.save_checkpoint(
             plan.path, self.state.iteration, arrays, metadata, overwrite=plan.overwrite
@@ -457,6 +552,7 @@ class BaseOptimizer:
         self.state, self.last_validation = resume.restore(
             self.runner, checkpoint, self._dataset_fingerprint()
         )
+        self._best_weights = resume.unpack_best_weights(checkpoint.arrays)
         self.last_checkpoint = checkpoint.path
         self.progress.message(
             f"resumed from {checkpoint.path}: {self.state.epoch} epochs and "

@@ -5,6 +5,8 @@ Arrays (in the checkpoint's ``.npz``):
 * ``model/<dotted name>``: every parameter and buffer (``Module.state_dict`` names);
 * ``optim/<shard>/<key>``: the optimizer state — one shard for local training, one per
   partition for sharded state — with its numbers stored as typed 0-d arrays.
+* ``best_model/<dotted name>``: with ``EarlyStopping(restore_best=True)``, the weights of
+  the best validation so far (its score and iteration are in the training state).
 
 Metadata (JSON in the manifest): the :class:`TrainingState` (epoch, iteration, position in
 the epoch, last loss and score...), a fingerprint of the training set (size, seed, shuffle,
@@ -28,6 +30,7 @@ from bigdl_py.train.triggers import TrainingState
 
 _MODEL_PREFIX = "model/"
 _OPTIM_PREFIX = "optim"
+_BEST_PREFIX = "best_model/"
 
 
 def dataset_fingerprint(training_set: Any, batch_size: int) -> dict:
@@ -63,6 +66,23 @@ def capture(
         ],
     }
     return arrays, metadata
+
+
+def pack_best_weights(weights: dict[str, np.ndarray] | None) -> dict[str, np.ndarray]:
+    """The checkpoint arrays of the best validation's weights (none when there are none)."""
+    if not weights:
+        return {}
+    return {_BEST_PREFIX + name: value for name, value in weights.items()}
+
+
+def unpack_best_weights(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray] | None:
+    """The best validation's weights stored by :func:`pack_best_weights`, or None."""
+    weights = {
+        name[len(_BEST_PREFIX) :]: value
+        for name, value in arrays.items()
+        if name.startswith(_BEST_PREFIX)
+    }
+    return weights or None
 
 
 def restore(

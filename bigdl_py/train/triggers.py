@@ -44,6 +44,12 @@ class TrainingState:
         schedule at the epoch's end (e.g. ``Plateau``) and then cleared.
     skipped_batches : int
         Batches skipped because their loss was NaN or infinite (``skip_nonfinite_batches``).
+    best_score : float or None
+        The best value so far of an ``EarlyStopping`` trigger's metric (None: none yet).
+    best_iteration : int or None
+        The iteration of the validation that gave ``best_score``.
+    validations_since_best : int
+        Validations since ``best_score`` without an improvement (``EarlyStopping``).
     """
 
     epoch: int = 0
@@ -54,6 +60,9 @@ class TrainingState:
     score: float | None = None
     epoch_score: float | None = None
     skipped_batches: int = 0
+    best_score: float | None = None
+    best_iteration: int | None = None
+    validations_since_best: int = 0
 
     def advance(self, batches_in_epoch: int) -> None:
         """Count one finished iteration of an epoch of ``batches_in_epoch`` batches."""
@@ -230,6 +239,6 @@ def check_trigger(trigger, what: str) -> Trigger:
     if not isinstance(trigger, Trigger):
         raise TypeError(
             f"{what} must be a Trigger (MaxEpoch, MaxIteration, EveryEpoch, SeveralIteration, "
-            f"MinLoss, MaxScore, And, Or), got {type(trigger).__name__}: {trigger!r}"
+            f"MinLoss, MaxScore, EarlyStopping, And, Or), got {type(trigger).__name__}: {trigger!r}"
         )
     return trigger

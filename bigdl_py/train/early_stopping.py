@@ -1,0 +1,154 @@
+"""``EarlyStopping``: end training when a validation metric stops improving.
+
+The trigger keeps the rule of :mod:`bigdl_py.train.triggers` that a trigger is a pure
+function of the :class:`~bigdl_py.train.triggers.TrainingState`: the best score so far, the
+iteration it was seen at and the count of validations since then are fields of the state,
+which the training loop updates after each validation through :meth:`EarlyStopping.observe`.
+So they go into every checkpoint's JSON with the rest of the state, and a resumed run stops
+exactly where an uninterrupted one would. The weights of the best validation (for
+``restore_best``) are kept by the loop and stored in the checkpoint's array file.
+
+Example::
+
+    optimizer.set_validation(EveryEpoch(), validation_set, [Loss(), Top1Accuracy()])
+    optimizer.set_end_when(MaxEpoch(50) | EarlyStopping("Loss", mode="min", patience=3))
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Sequence
+
+from bigdl_py.train.metrics import ValidationResult
+from bigdl_py.train.triggers import TrainingState, Trigger, _Combination
+
+_MODES = ("min", "max")
+
+
+class EarlyStopping(Trigger):
+    """Fires once the validation ``metric`` has not improved for ``patience`` validations.
+
+    Use it as (part of) the end trigger, with validation set on the optimizer
+    (``set_validation``). A validation improves on the best so far when its value is lower
+    than ``best - min_delta`` (``mode="min"``) or higher than ``best + min_delta``
+    (``mode="max"``); the first validation always does. A NaN value never improves.
+
+    Parameters
+    ----------
+    metric : str
+        Name of a validation method given to ``set_validation`` (``"Loss"``,
+        ``"Top1Accuracy"``, ``"MAE"``, ...).
+    mode : {"min", "max"}
+        Whether lower or higher values are better.
+    patience : int
+        Validations without improvement after which training ends (>= 1).
+    min_delta : float
+        The least change that counts as an improvement (>= 0).
+    restore_best : bool
+        When training ends (by this trigger or another), give the model the weights it had
+        at the best validation.
+
+    Raises
+    ------
+    ValueError
+        For a mode other than "min"/"max", a patience below 1 or a negative ``min_delta``.
+    """
+
+    predictable = True  # it reads only what validation changes
+
+    def __init__(
+        self,
+        metric: str = "Loss",
+        mode: str = "min",
+        patience: int = 3,
+        min_delta: float = 0.0,
+        restore_best: bool = True,
+    ):
+        if not isinstance(metric, str) or not metric:
+            raise ValueError(
+                f"EarlyStopping: metric must be a validation method's name, got {metric!r}"
+            )
+        if mode not in _MODES:
+            raise ValueError(f"EarlyStopping: mode must be 'min' or 'max', got {mode!r}")
+        if isinstance(patience, bool) or not isinstance(patience, numbers.Integral) or patience < 1:
+            raise ValueError(f"EarlyStopping: patience must be an integer >= 1, got {patience!r}")
+        min_delta = float(min_delta)
+        if not math.isfinite(min_delta) or min_delta < 0:
+            raise ValueError(
+                f"EarlyStopping: min_delta must be a finite number >= 0, got {min_delta!r}"
+            )
+        self.metric = metric
+        self.mode = mode
+        self.patience = int(patience)
+        self.min_delta = min_delta
+        self.restore_best = bool(restore_best)
+
+    def __call__(self, state: TrainingState) -> bool:
+        return state.validations_since_best >= self.patience
+
+    def improves(self, value: float, best: float | None) -> bool:
+        """Whether ``value`` is an improvement on ``best`` (None: nothing seen yet)."""
+        if math.isnan(value):
+            return False
+        if best is None:
+            return True
+        if self.mode == "min":
+            return value < best - self.min_delta
+        return value > best + self.min_delta
+
+    def metric_value(self, results: Sequence[ValidationResult]) -> float:
+        """This trigger's metric among one validation's results.
+
+        Raises
+        ------
+        ValueError
+            When no validation method of that name ran, naming those that did.
+        """
+        for result in results:
+            if result.name == self.metric:
+                return float(result.value)
+        raise ValueError(
+            f"{self!r} watches the validation metric {self.metric!r}, but validation computes "
+            f"{[result.name for result in results]}; pass metric= one of those, or add that "
+            "validation method to set_validation"
+        )
+
+    def observe(self, state: TrainingState, results: Sequence[ValidationResult]) -> bool:
+        """Record one validation in ``state``; return whether it is the new best."""
+        value = self.metric_value(results)
+        if self.improves(value, state.best_score):
+            state.best_score = value
+            state.best_iteration = state.iteration
+            state.validations_since_best = 0
+            return True
+        state.validations_since_best += 1
+        return False
+
+    def __repr__(self) -> str:
+        return (
+            f"EarlyStopping(metric={self.metric!r}, mode={self.mode!r}, patience={self.patience}, "
+            f"min_delta={self.min_delta!r}, restore_best={self.restore_best})"
+        )
+
+
+def find_early_stopping(trigger: Trigger | None) -> EarlyStopping | None:
+    """The one :class:`EarlyStopping` inside ``trigger`` (through And/Or), or None.
+
+    Raises
+    ------
+    ValueError
+        When there are several: they would share one best-so-far record.
+    """
+    found, pending = [], [trigger] if trigger is not None else []
+    while pending:
+        current = pending.pop()
+        if isinstance(current, EarlyStopping):
+            found.append(current)
+        elif isinstance(current, _Combination):
+            pending.extend(current.triggers)
+    if len(found) > 1:
+        raise ValueError(
+            f"the end trigger holds {len(found)} EarlyStopping triggers ({found}); use one"
+        )
+    return found[0] if found else None
