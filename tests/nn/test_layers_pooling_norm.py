@@ -50,6 +50,56 @@ CASES = [
         lambda t: t.nn.AdaptiveMaxPool2d((4, 3)),
         [(2, 2, 7, 5)],
     ),
+    ("max_pool1d", lambda: nn.MaxPool1d(2), lambda t: t.nn.MaxPool1d(2), [(2, 3, 7)]),
+    (
+        "max_pool1d_overlapping_padded",
+        lambda: nn.MaxPool1d(3, stride=2, padding=1),
+        lambda t: t.nn.MaxPool1d(3, stride=2, padding=1),
+        [(2, 2, 8)],
+    ),
+    ("avg_pool1d", lambda: nn.AvgPool1d(3), lambda t: t.nn.AvgPool1d(3), [(2, 3, 7)]),
+    (
+        "avg_pool1d_overlapping_padded",
+        lambda: nn.AvgPool1d(4, stride=1, padding=2),
+        lambda t: t.nn.AvgPool1d(4, stride=1, padding=2),
+        [(1, 2, 6)],
+    ),
+    (
+        "upsample_nearest_scale_factor",
+        lambda: nn.Upsample(scale_factor=2),
+        lambda t: t.nn.Upsample(scale_factor=2),
+        [(2, 2, 3, 4)],
+    ),
+    (
+        "upsample_nearest_fractional_scale_per_axis",
+        lambda: nn.Upsample(scale_factor=(1.5, 0.6)),
+        lambda t: t.nn.Upsample(scale_factor=(1.5, 0.6)),
+        [(1, 2, 3, 5)],
+    ),
+    (
+        "upsample_nearest_size",
+        lambda: nn.Upsample(size=(5, 7)),
+        lambda t: t.nn.Upsample(size=(5, 7)),
+        [(1, 2, 3, 4)],
+    ),
+    (
+        "upsample_bilinear_scale_factor",
+        lambda: nn.Upsample(scale_factor=2, mode="bilinear"),
+        lambda t: t.nn.Upsample(scale_factor=2, mode="bilinear"),
+        [(2, 2, 3, 4)],
+    ),
+    (
+        "upsample_bilinear_align_corners_size",
+        lambda: nn.Upsample(size=(5, 6), mode="bilinear", align_corners=True),
+        lambda t: t.nn.Upsample(size=(5, 6), mode="bilinear", align_corners=True),
+        [(1, 2, 3, 4)],
+    ),
+    (
+        "upsample_bilinear_fractional_scale_down_and_up",
+        lambda: nn.Upsample(scale_factor=(0.7, 2.5), mode="bilinear", align_corners=False),
+        lambda t: t.nn.Upsample(scale_factor=(0.7, 2.5), mode="bilinear", align_corners=False),
+        [(1, 2, 5, 3)],
+    ),
 ]
 CASE_PARAMS = [pytest.param(*case[1:], id=case[0]) for case in CASES]
 
@@ -103,6 +153,14 @@ def test_adaptive_pools_keep_float32():
     [
         (nn.AdaptiveAvgPool2d(2), (3, 4, 4), r"AdaptiveAvgPool2d\(output_size=2\).*\(3, 4, 4\)"),
         (nn.AdaptiveMaxPool2d((2, 1)), (4, 4), r"AdaptiveMaxPool2d\(output_size=\(2, 1\)\)"),
+        (nn.MaxPool1d(2), (2, 3, 4, 4), r"MaxPool1d\(kernel_size=2.*\(N, C, L\).*\(2, 3, 4, 4\)"),
+        (nn.AvgPool1d(5), (2, 3, 4), r"AvgPool1d\(kernel_size=5.*length 4.*shorter than"),
+        (nn.Upsample(scale_factor=2), (2, 3, 4), r"Upsample\(scale_factor=2.*\(2, 3, 4\)"),
+        (
+            nn.Upsample(scale_factor=0.1),
+            (1, 1, 4, 4),
+            r"Upsample\(scale_factor=0.1.*empty output.*\(1, 1, 4, 4\)",
+        ),
     ],
 )
 def test_shape_errors_name_the_layer_and_the_shape(layer, shape, message):
@@ -116,6 +174,17 @@ def test_shape_errors_name_the_layer_and_the_shape(layer, shape, message):
         (lambda: nn.AdaptiveAvgPool2d(0), r"AdaptiveAvgPool2d: output_size must be a positive"),
         (lambda: nn.AdaptiveMaxPool2d((2, 2, 2)), r"AdaptiveMaxPool2d: output_size must be"),
         (lambda: nn.AdaptiveMaxPool2d(2, return_indices=True), r"return_indices=True is not"),
+        (lambda: nn.MaxPool1d(0), r"MaxPool1d: kernel_size must be a positive integer, got 0"),
+        (lambda: nn.AvgPool1d(2, padding=2), r"AvgPool1d: padding 2 must be at most half"),
+        (lambda: nn.Upsample(), r"Upsample: give exactly one of size and scale_factor"),
+        (lambda: nn.Upsample(size=2, scale_factor=2), r"Upsample: give exactly one of size"),
+        (lambda: nn.Upsample(size=(2, 0)), r"Upsample: size must be a positive integer"),
+        (lambda: nn.Upsample(scale_factor=-1.0), r"Upsample: scale_factor must be a positive"),
+        (lambda: nn.Upsample(scale_factor=2, mode="cubic"), r"Upsample: mode must be 'nearest'"),
+        (
+            lambda: nn.Upsample(scale_factor=2, align_corners=True),
+            r"Upsample: align_corners applies to mode='bilinear' only",
+        ),
     ],
 )
 def test_bad_settings_raise_naming_the_layer_and_the_setting(build, message):

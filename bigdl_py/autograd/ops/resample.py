@@ -171,6 +171,7 @@ __all__ = [
     "adaptive_avg_pool2d",
     "adaptive_max_pool2d",
     "interpolate",
+    "resolve_resize",
 ]
 
 

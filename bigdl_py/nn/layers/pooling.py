@@ -1,4 +1,4 @@
-"""Max and average pooling: 2-d, 1-d and adaptive (BigDL's ``SpatialMaxPooling``,
+"""Pooling (2-d, 1-d, adaptive) and up-sampling (BigDL's ``SpatialMaxPooling``,
 ``SpatialAveragePooling``, ``TemporalMaxPooling``, ``SpatialAdaptiveMaxPooling``, ...)."""
 
 from __future__ import annotations
@@ -6,10 +6,18 @@ from __future__ import annotations
 import numpy as np
 
 from bigdl_py.autograd import ops
-from bigdl_py.nn.layers._base import check_ndim, int_pair, label
+from bigdl_py.nn.layers._base import check_ndim, check_positive_int, int_pair, label
 from bigdl_py.nn.module import Module
 
-__all__ = ["AdaptiveAvgPool2d", "AdaptiveMaxPool2d", "AvgPool2d", "MaxPool2d"]
+__all__ = [
+    "AdaptiveAvgPool2d",
+    "AdaptiveMaxPool2d",
+    "AvgPool1d",
+    "AvgPool2d",
+    "MaxPool1d",
+    "MaxPool2d",
+    "Upsample",
+]
 
 
 class _Pool2d(Module):
@@ -72,6 +80,84 @@ class AvgPool2d(_Pool2d):
     def forward(self, x):
         check_ndim(self, x, (4,), "(N, C, H, W)")
         return ops.avg_pool2d(x, self.kernel_size, self.stride, self.padding)
+
+
+class _Pool1d(Module):
+    """1-d pooling of ``(N, C, L)`` input as 2-d pooling of ``(N, C, 1, L)`` with a 1-row kernel."""
+
+    def __init__(self, kernel_size: int, stride: int | None = None, padding: int = 0):
+        super().__init__()
+        name = type(self).__name__
+        self.kernel_size = check_positive_int(kernel_size, "kernel_size", name)
+        self.stride = (
+            self.kernel_size if stride is None else check_positive_int(stride, "stride", name)
+        )
+        if isinstance(padding, bool) or not isinstance(padding, (int, np.integer)) or padding < 0:
+            raise ValueError(f"{name}: padding must be an int >= 0, got {padding!r}")
+        self.padding = int(padding)
+        if 2 * self.padding > self.kernel_size:
+            raise ValueError(
+                f"{name}: padding {self.padding} must be at most half of kernel_size "
+                f"{self.kernel_size}"
+            )
+
+    def _pool(self, x, pool_2d):
+        check_ndim(self, x, (3,), "(N, C, L)")
+        batch, channels, length = x.shape
+        if length + 2 * self.padding < self.kernel_size:
+            raise ValueError(
+                f"{label(self)}: input length {length} (shape {tuple(x.shape)}) with padding "
+                f"{self.padding} is shorter than kernel_size {self.kernel_size}"
+            )
+        pooled = pool_2d(
+            ops.reshape(x, (batch, channels, 1, length)),
+            (1, self.kernel_size),
+            (1, self.stride),
+            (0, self.padding),
+        )
+        return ops.reshape(pooled, (batch, channels, pooled.shape[3]))
+
+    def extra_repr(self) -> str:
+        return f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}"
+
+
+class MaxPool1d(_Pool1d):
+    """Maximum over ``kernel_size`` windows of an ``(N, C, L)`` input (BigDL's
+    ``TemporalMaxPooling`` on ``(N, L, C)``).
+
+    Parameters
+    ----------
+    kernel_size : int
+    stride : int, optional
+        Default: ``kernel_size``.
+    padding : int
+        Implicit padding on both ends that never wins the max; at most half the kernel.
+
+    Notes
+    -----
+    Output lengths round down (PyTorch's ``ceil_mode=False``); ``dilation`` and
+    ``return_indices`` are not supported. A tie sends the gradient to the first maximum.
+    """
+
+    def forward(self, x):
+        return self._pool(x, ops.max_pool2d)
+
+
+class AvgPool1d(_Pool1d):
+    """Mean over ``kernel_size`` windows of an ``(N, C, L)`` input.
+
+    Parameters
+    ----------
+    kernel_size : int
+    stride : int, optional
+        Default: ``kernel_size``.
+    padding : int
+        Zero padding on both ends, counted in each window's divisor (PyTorch's
+        ``count_include_pad=True``); at most half the kernel.
+    """
+
+    def forward(self, x):
+        return self._pool(x, ops.avg_pool2d)
 
 
 class _AdaptivePool2d(Module):
@@ -151,3 +237,65 @@ class AdaptiveMaxPool2d(_AdaptivePool2d):
     def forward(self, x):
         self._check_input(x)
         return ops.adaptive_max_pool2d(x, self.output_size)
+
+
+class Upsample(Module):
+    """Resize ``(N, C, H, W)`` input by nearest-neighbour or bilinear interpolation.
+
+    Parameters
+    ----------
+    size : int or (int, int), optional
+        Output ``(OH, OW)``.
+    scale_factor : float or (float, float), optional
+        Output ``floor(H * scale_factor)``. Give exactly one of ``size`` and ``scale_factor``.
+    mode : {'nearest', 'bilinear'}
+        Default ``'nearest'``.
+    align_corners : bool, optional
+        Bilinear only (default False): with True the corner pixels of input and output are
+        aligned and the scale is ``(H - 1) / (OH - 1)``; with False pixels are squares and
+        the scale is ``H / OH`` (or ``1 / scale_factor``).
+
+    Notes
+    -----
+    Source positions follow PyTorch's ``interpolate`` with ``recompute_scale_factor=None``,
+    so outputs match PyTorch's for fractional scale factors too. BigDL's
+    ``UpSampling2D(size)`` is ``Upsample(scale_factor=size)`` and its ``ResizeBilinear``
+    is ``Upsample(size=..., mode="bilinear")``.
+    """
+
+    def __init__(
+        self,
+        size: int | tuple[int, int] | None = None,
+        scale_factor: float | tuple[float, float] | None = None,
+        mode: str = "nearest",
+        align_corners: bool | None = None,
+    ):
+        super().__init__()
+        if mode not in ("nearest", "bilinear"):
+            raise ValueError(f"Upsample: mode must be 'nearest' or 'bilinear', got {mode!r}")
+        if mode == "nearest" and align_corners is not None:
+            raise ValueError(
+                "Upsample: align_corners applies to mode='bilinear' only, got "
+                f"align_corners={align_corners!r} with mode='nearest'"
+            )
+        # The checks of ``interpolate``, run now so a bad setting fails at construction.
+        ops.resolve_resize(size, scale_factor, (1 << 20, 1 << 20), "Upsample")
+        self.size = tuple(size) if isinstance(size, list) else size
+        self.scale_factor = tuple(scale_factor) if isinstance(scale_factor, list) else scale_factor
+        self.mode = mode
+        self.align_corners = None if align_corners is None else bool(align_corners)
+
+    def forward(self, x):
+        check_ndim(self, x, (4,), "(N, C, H, W)")
+        try:
+            return ops.interpolate(x, self.size, self.scale_factor, self.mode, self.align_corners)
+        except ValueError as error:
+            raise ValueError(f"{label(self)}: {error} (input shape {tuple(x.shape)})") from None
+
+    def extra_repr(self) -> str:
+        if self.size is not None:
+            setting = f"size={self.size}"
+        else:
+            setting = f"scale_factor={self.scale_factor}"
+        corners = "" if self.align_corners is None else f", align_corners={self.align_corners}"
+        return f"{setting}, mode={self.mode!r}{corners}"
