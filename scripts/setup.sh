@@ -21,7 +21,7 @@ if ! command -v java >/dev/null 2>&1; then
 fi
 
 PIP="python -m pip"
-$PIP install -q --disable-pip-version-check -e ".[test,data]"
+$PIP install -q --disable-pip-version-check -e ".[test,data,mlflow]"
 # torch is only a test oracle and benchmark peer; 2.13.0 is the CPU build on this machine's
 # disk. Never ask for another version: that downloads gigabytes.
 if ! python -c "import torch" >/dev/null 2>&1; then

@@ -7,6 +7,7 @@ triggers, validation, checkpoints, summaries, progress, NaN handling — around 
 """
 
 from bigdl_py.train.batches import evaluate_batches, training_batch, validation_batches
+from bigdl_py.train.callbacks import TrainingCallback
 from bigdl_py.train.checkpoint import (
     Checkpoint,
     CheckpointError,
@@ -14,6 +15,7 @@ from bigdl_py.train.checkpoint import (
     list_checkpoints,
     load_checkpoint,
 )
+from bigdl_py.train.early_stopping import EarlyStopping
 from bigdl_py.train.loop import BaseOptimizer, NonFiniteLossError
 from bigdl_py.train.metrics import (
     MAE,
@@ -24,6 +26,7 @@ from bigdl_py.train.metrics import (
     ValidationMethod,
     ValidationResult,
 )
+from bigdl_py.train.mlflow_summary import MLflowSummary
 from bigdl_py.train.optimizer import LocalOptimizer, Optimizer
 from bigdl_py.train.plots import plot_curves, save_image_grid
 from bigdl_py.train.progress import Progress
@@ -49,12 +52,14 @@ __all__ = [
     "Checkpoint",
     "CheckpointError",
     "CheckpointWarning",
+    "EarlyStopping",
     "EveryEpoch",
     "IterationResult",
     "IterationRunner",
     "LocalOptimizer",
     "LocalRunner",
     "Loss",
+    "MLflowSummary",
     "MaxEpoch",
     "MaxIteration",
     "MaxScore",
@@ -68,6 +73,7 @@ __all__ = [
     "Top1Accuracy",
     "Top5Accuracy",
     "TopKAccuracy",
+    "TrainingCallback",
     "TrainSummary",
     "TrainingSetup",
     "TrainingState",
