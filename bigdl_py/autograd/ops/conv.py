@@ -270,79 +270,100 @@ class Conv2d(Function):
     def backward(self, grad):
         columns, weight = self.saved
         stride, padding, dilation, groups = self.settings
-        xp = backend.array_module(grad)
-        out_channels = grad.shape[1]
-        # (N, O, OH, OW) -> (g, O/g, N*L): the batch side by side, as in the columns.
-        grouped_grad = xp.ascontiguousarray(xp.swapaxes(grad, 0, 1)).reshape(
-            groups, out_channels // groups, -1
-        )
+        grouped_grad = channels_first(grad, groups)
         grad_x = grad_weight = grad_bias = None
         if self.needs_input_grad[1]:
             grad_weight = _weight_gradient(columns, grouped_grad).reshape(weight.shape)
         if self.has_bias and self.needs_input_grad[2]:
-            grad_bias = grouped_grad.sum(axis=-1).reshape(out_channels)
+            grad_bias = grouped_grad.sum(axis=-1).reshape(grad.shape[1])
         if self.needs_input_grad[0]:
-            if self._transposed_conv_is_cheaper(grad.shape):
-                grad_x = self._input_grad_by_transposed_conv(grad, weight)
-            else:
-                grad_x = self._input_grad_by_col2im(grouped_grad, weight, grad.shape)
+            geometry = (stride, padding, dilation, groups)
+            grad_x = transposed_convolution(
+                grad, weight, geometry, self.input_shape[2:], grouped_grad
+            )
         return grad_x, grad_weight, grad_bias
 
-    def _transposed_conv_is_cheaper(self, grad_shape) -> bool:
-        """Stride-1 only; compare the elements each route writes and reads again."""
-        stride, padding, dilation, _ = self.settings
-        kernel = self.saved[1].shape[2:]
-        if stride != (1, 1):
-            return False
-        if any(dilation[a] * (kernel[a] - 1) < padding[a] for a in (0, 1)):
-            return False  # padding wider than the kernel: the gradient would need cropping
-        in_channels, height, width = self.input_shape[1:]
-        out_channels, out_h, out_w = grad_shape[1:]
-        # Transposed conv: columns of O*KH*KW x H*W, written once and read once by the GEMM.
-        # col2im: columns of C*KH*KW x OH*OW, written, read, and added into dx (read+write).
-        return out_channels * height * width * 2 <= in_channels * out_h * out_w * 4
 
-    def _input_grad_by_transposed_conv(self, grad, weight):
-        """dx = (zero-padded grad) correlated with the flipped kernel, channels swapped."""
-        _, padding, dilation, groups = self.settings
-        out_channels, in_per_group, kernel_h, kernel_w = weight.shape
-        xp = backend.array_module(weight)
-        # (g, O/g, C/g, KH, KW) -> (g, C/g, O/g, KH, KW): input and output channels swap.
-        flipped = weight[:, :, ::-1, ::-1].reshape(
-            groups, out_channels // groups, in_per_group, kernel_h, kernel_w
-        )
-        swapped = xp.ascontiguousarray(xp.swapaxes(flipped, 1, 2)).reshape(
-            groups * in_per_group, out_channels // groups, kernel_h, kernel_w
-        )
-        full_padding = (
-            dilation[0] * (kernel_h - 1) - padding[0],
-            dilation[1] * (kernel_w - 1) - padding[1],
-        )
-        grad_x, columns = _convolve(
-            pad_spatial(grad, full_padding), swapped, (1, 1), dilation, groups
-        )
-        column_buffers.give_back(columns)
-        return grad_x
+def channels_first(array, groups: int):
+    """``(N, O, H, W) -> (g, O/g, N*H*W)``: the batch side by side, as in the columns."""
+    xp = backend.array_module(array)
+    grouped = xp.ascontiguousarray(xp.swapaxes(array, 0, 1))
+    return grouped.reshape(groups, array.shape[1] // groups, -1)
 
-    def _input_grad_by_col2im(self, grouped_grad, weight, grad_shape):
-        """dx = weight^T @ grad (one GEMM per group), added back window by window (col2im)."""
-        stride, padding, dilation, groups = self.settings
-        xp = backend.array_module(weight)
-        batch, in_channels, height, width = self.input_shape
-        out_channels, _, kernel_h, kernel_w = weight.shape
-        out_hw = grad_shape[2:]
-        grouped_weight_t = xp.swapaxes(weight.reshape(groups, out_channels // groups, -1), 1, 2)
-        grad_columns = xp.matmul(grouped_weight_t, grouped_grad).reshape(
-            in_channels, kernel_h, kernel_w, batch, out_hw[0], out_hw[1]
-        )
-        padded_h, padded_w = height + 2 * padding[0], width + 2 * padding[1]
-        # Summed channel-major, like the columns, so each add reads a contiguous block
-        # (1.4x faster on LeNet's second layer); one transpose copy gives NCHW at the end.
-        grad_padded = xp.zeros((in_channels, batch, padded_h, padded_w), dtype=weight.dtype)
-        for row in range(kernel_h):
-            for col in range(kernel_w):
-                rows, cols = offset_slices((row * dilation[0], col * dilation[1]), stride, out_hw)
-                grad_padded[:, :, rows, cols] += grad_columns[:, row, col]
-        rows = slice(padding[0], padding[0] + height)
-        cols = slice(padding[1], padding[1] + width)
-        return xp.ascontiguousarray(xp.swapaxes(grad_padded[:, :, rows, cols], 0, 1))
+
+def transposed_convolution(grad, weight, geometry, input_hw, grouped_grad=None):
+    """The adjoint of conv2d in its input: ``grad (N, O, OH, OW)`` -> ``(N, C, *input_hw)``.
+
+    This is conv2d's input gradient and ConvTranspose2d's forward. ``geometry`` is conv2d's
+    ``(stride, padding, dilation, groups)``; ``weight`` is conv2d's ``(O, C/g, KH, KW)``;
+    ``grouped_grad`` is ``channels_first(grad, groups)`` when the caller has it already.
+    """
+    if _flipped_kernel_is_cheaper(grad.shape, weight.shape, geometry, input_hw):
+        return _by_flipped_kernel(grad, weight, geometry)
+    if grouped_grad is None:
+        grouped_grad = channels_first(grad, geometry[3])
+    return _by_col2im(grouped_grad, weight, geometry, grad.shape, input_hw)
+
+
+def _flipped_kernel_is_cheaper(grad_shape, weight_shape, geometry, input_hw) -> bool:
+    """Stride-1 only; compare the elements each route writes and reads again."""
+    stride, padding, dilation, groups = geometry
+    kernel = weight_shape[2:]
+    if stride != (1, 1):
+        return False
+    for axis in (0, 1):
+        reach = dilation[axis] * (kernel[axis] - 1)
+        if reach < padding[axis]:
+            return False  # padding wider than the kernel: the result would need cropping
+        if grad_shape[2 + axis] + reach - 2 * padding[axis] != input_hw[axis]:
+            return False  # a transposed convolution's output_padding: rows the route misses
+    in_channels = weight_shape[1] * groups
+    out_channels, out_h, out_w = grad_shape[1:]
+    # Flipped kernel: columns of O*KH*KW x H*W, written once and read once by the GEMM.
+    # col2im: columns of C*KH*KW x OH*OW, written, read, and added into dx (read+write).
+    return out_channels * input_hw[0] * input_hw[1] * 2 <= in_channels * out_h * out_w * 4
+
+
+def _by_flipped_kernel(grad, weight, geometry):
+    """dx = (zero-padded grad) correlated with the flipped kernel, channels swapped."""
+    _, padding, dilation, groups = geometry
+    out_channels, in_per_group, kernel_h, kernel_w = weight.shape
+    xp = backend.array_module(weight)
+    # (g, O/g, C/g, KH, KW) -> (g, C/g, O/g, KH, KW): input and output channels swap.
+    flipped = weight[:, :, ::-1, ::-1].reshape(
+        groups, out_channels // groups, in_per_group, kernel_h, kernel_w
+    )
+    swapped = xp.ascontiguousarray(xp.swapaxes(flipped, 1, 2)).reshape(
+        groups * in_per_group, out_channels // groups, kernel_h, kernel_w
+    )
+    full_padding = (
+        dilation[0] * (kernel_h - 1) - padding[0],
+        dilation[1] * (kernel_w - 1) - padding[1],
+    )
+    grad_x, columns = _convolve(pad_spatial(grad, full_padding), swapped, (1, 1), dilation, groups)
+    column_buffers.give_back(columns)
+    return grad_x
+
+
+def _by_col2im(grouped_grad, weight, geometry, grad_shape, input_hw):
+    """dx = weight^T @ grad (one GEMM per group), added back window by window (col2im)."""
+    stride, padding, dilation, groups = geometry
+    xp = backend.array_module(weight)
+    batch, out_hw, (height, width) = grad_shape[0], grad_shape[2:], input_hw
+    out_channels, in_per_group, kernel_h, kernel_w = weight.shape
+    in_channels = in_per_group * groups
+    grouped_weight_t = xp.swapaxes(weight.reshape(groups, out_channels // groups, -1), 1, 2)
+    grad_columns = xp.matmul(grouped_weight_t, grouped_grad).reshape(
+        in_channels, kernel_h, kernel_w, batch, out_hw[0], out_hw[1]
+    )
+    padded_h, padded_w = height + 2 * padding[0], width + 2 * padding[1]
+    # Summed channel-major, like the columns, so each add reads a contiguous block
+    # (1.4x faster on LeNet's second layer); one transpose copy gives NCHW at the end.
+    grad_padded = xp.zeros((in_channels, batch, padded_h, padded_w), dtype=weight.dtype)
+    for row in range(kernel_h):
+        for col in range(kernel_w):
+            rows, cols = offset_slices((row * dilation[0], col * dilation[1]), stride, out_hw)
+            grad_padded[:, :, rows, cols] += grad_columns[:, row, col]
+    rows = slice(padding[0], padding[0] + height)
+    cols = slice(padding[1], padding[1] + width)
+    return xp.ascontiguousarray(xp.swapaxes(grad_padded[:, :, rows, cols], 0, 1))

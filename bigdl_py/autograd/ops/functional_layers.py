@@ -11,13 +11,15 @@ from typing import Any
 
 import numpy as np
 
-from bigdl_py.autograd.ops import conv, misc, norm, pool
+from bigdl_py.autograd.ops import conv, conv_transpose, misc, norm, pool
 from bigdl_py.autograd.ops.misc import manual_seed
 
 __all__ = [
     "avg_pool2d",
     "batch_norm",
+    "conv1d",
     "conv2d",
+    "conv_transpose2d",
     "dropout",
     "embedding",
     "layer_norm",
@@ -66,6 +68,84 @@ def conv2d(
     inputs = (x, weight) if bias is None else (x, weight, bias)
     return conv.Conv2d.apply(
         *inputs, stride=stride, padding=padding, dilation=dilation, groups=groups
+    )
+
+
+def conv1d(x, weight, bias=None, stride: int = 1, padding: int = 0, dilation: int = 1, groups=1):
+    """1-d cross-correlation of an ``(N, C, L)`` input with ``weight (O, C / groups, K)``.
+
+    Runs as conv2d on a height-1 image (``(N, C, 1, L)`` with a ``(O, C/g, 1, K)`` kernel), so
+    it shares conv2d's gradients and speed. Returns ``(N, O, OL)`` with
+    ``OL = (L + 2*padding - dilation*(K-1) - 1) // stride + 1``.
+
+    Raises
+    ------
+    ValueError
+        When ``x`` is not 3-d or ``weight`` not 3-d (naming conv1d and the shape), and for
+        the errors of conv2d.
+    """
+    for name, value in (("input", x), ("weight", weight)):
+        if value.ndim != 3:
+            layout = "(N, C, L)" if name == "input" else "(out_channels, in_channels/groups, K)"
+            raise ValueError(f"conv1d: {name} must be 3-d {layout}, got shape {tuple(value.shape)}")
+    settings = {}
+    for name, value in (("stride", stride), ("padding", padding), ("dilation", dilation)):
+        if isinstance(value, (tuple, list)):
+            if len(value) != 1:
+                raise ValueError(f"conv1d: {name} must be an int or a 1-tuple, got {value!r}")
+            value = value[0]
+        settings[name] = (1 if name != "padding" else 0, value)
+    image = x.reshape(x.shape[0], x.shape[1], 1, x.shape[2])
+    kernel = weight.reshape(weight.shape[0], weight.shape[1], 1, weight.shape[2])
+    output = conv2d(image, kernel, bias, groups=groups, **settings)
+    return output.reshape(output.shape[0], output.shape[1], output.shape[3])
+
+
+def conv_transpose2d(
+    x,
+    weight,
+    bias=None,
+    stride: IntOrPair = 1,
+    padding: IntOrPair = 0,
+    output_padding: IntOrPair = 0,
+    groups: int = 1,
+    dilation: IntOrPair = 1,
+):
+    """2-d transposed convolution (the adjoint of conv2d in its input), PyTorch's argument order.
+
+    Parameters
+    ----------
+    x : Tensor
+        Input of shape ``(N, C_in, H, W)``.
+    weight : Tensor
+        Kernels of shape ``(C_in, C_out / groups, KH, KW)``.
+    bias : Tensor, optional
+        Shape ``(C_out,)``.
+    stride, padding, output_padding, dilation : int or (int, int)
+        ``output_padding`` (smaller than the stride or the dilation) adds rows and columns at
+        the bottom and right of the output.
+    groups : int
+
+    Returns
+    -------
+    Tensor
+        Shape ``(N, C_out, OH, OW)`` with
+        ``OH = (H - 1)*stride - 2*padding + dilation*(KH - 1) + output_padding + 1``.
+
+    Raises
+    ------
+    ValueError
+        On channel mismatch, ``groups`` not dividing the channels, an ``output_padding`` not
+        smaller than the stride or the dilation, or a padding that leaves no output.
+    """
+    inputs = (x, weight) if bias is None else (x, weight, bias)
+    return conv_transpose.ConvTranspose2d.apply(
+        *inputs,
+        stride=stride,
+        padding=padding,
+        output_padding=output_padding,
+        dilation=dilation,
+        groups=groups,
     )
 
 
