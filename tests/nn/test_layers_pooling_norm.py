@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import test_layers_parity as parity
+from layer_checks import check_save_load_round_trip
 
 from bigdl_py import nn
 from bigdl_py.autograd import Tensor
@@ -116,19 +117,7 @@ def test_layer_matches_pytorch(torch, make_ours, make_theirs, specs):
 
 @pytest.mark.parametrize("make_ours, make_theirs, specs", CASE_PARAMS)
 def test_layer_round_trips_through_save_and_load(tmp_path, make_ours, make_theirs, specs):
-    with nn.init.seeded(0):
-        layer = make_ours()
-    path = tmp_path / "layer.bigdl"
-    nn.save(layer, path)
-    loaded = nn.load(path)
-    assert type(loaded) is type(layer) and repr(loaded) == repr(layer)
-    assert loaded.training == layer.training
-    for name, value in layer.state_dict().items():
-        np.testing.assert_array_equal(loaded.state_dict()[name], value, err_msg=name)
-    inputs = parity.as_inputs(parity.make_arrays(specs))
-    layer.eval()
-    loaded.eval()
-    np.testing.assert_array_equal(loaded(*inputs).numpy(), layer(*inputs).numpy())
+    check_save_load_round_trip(tmp_path, make_ours, specs)
 
 
 def test_adaptive_max_pool_sends_the_gradient_of_a_tie_to_the_first_maximum():

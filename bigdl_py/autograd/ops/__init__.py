@@ -179,3 +179,4 @@ def linear(x, weight, bias=None):
 # their own modules; see conv.py, pool.py, norm.py, misc.py.
 from bigdl_py.autograd.ops.functional_layers import *  # noqa: E402,F401,F403
 from bigdl_py.autograd.ops.resample import *  # noqa: E402,F401,F403
+from bigdl_py.autograd.ops.rectifier import *  # noqa: E402,F401,F403

@@ -1,12 +1,38 @@
-"""Activation layers: thin modules over the element-wise and softmax ops."""
+"""Activation layers: thin modules over the element-wise, rectifier and softmax ops."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import numpy as np
+
 from bigdl_py.autograd import ops
-from bigdl_py.nn.layers._base import label, shape_of
+from bigdl_py.nn import init as nn_init
+from bigdl_py.nn.layers._base import (
+    check_positive_int,
+    empty_parameter,
+    label,
+    parameter_dtype,
+    shape_of,
+)
 from bigdl_py.nn.module import Module
 
-__all__ = ["GELU", "LeakyReLU", "LogSoftmax", "ReLU", "Sigmoid", "Softmax", "Tanh"]
+__all__ = [
+    "ELU",
+    "GELU",
+    "Hardswish",
+    "Hardtanh",
+    "LeakyReLU",
+    "LogSoftmax",
+    "Mish",
+    "PReLU",
+    "ReLU",
+    "Sigmoid",
+    "SiLU",
+    "Softmax",
+    "Softplus",
+    "Tanh",
+]
 
 
 def _check_dim(layer: Module, x) -> None:
@@ -106,3 +132,142 @@ class LogSoftmax(Module):
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}"
+
+
+def _number(value: Any, name: str, layer_name: str) -> float:
+    """A real-valued setting (a bool is a mistake)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise ValueError(f"{layer_name}: {name} must be a number, got {value!r}")
+    return float(value)
+
+
+class ELU(Module):
+    """``x`` where positive, ``alpha * (exp(x) - 1)`` elsewhere.
+
+    Parameters
+    ----------
+    alpha : float
+        The value the output tends to for very negative input is ``-alpha`` (default 1).
+    """
+
+    def __init__(self, alpha: float = 1.0):
+        super().__init__()
+        self.alpha = _number(alpha, "alpha", "ELU")
+
+    def forward(self, x):
+        return ops.elu(x, self.alpha)
+
+    def extra_repr(self) -> str:
+        return f"alpha={self.alpha}"
+
+
+class SiLU(Module):
+    """``x * sigmoid(x)`` element-wise (the "swish" activation)."""
+
+    def forward(self, x):
+        return ops.silu(x)
+
+
+class Softplus(Module):
+    """``log(1 + exp(beta * x)) / beta``, a smooth ReLU.
+
+    Parameters
+    ----------
+    beta : float
+        Sharpness, > 0 (default 1).
+    threshold : float
+        Where ``beta * x > threshold`` the output is ``x`` itself (default 20), as in
+        PyTorch; there the two differ by less than ``exp(-threshold)``.
+    """
+
+    def __init__(self, beta: float = 1.0, threshold: float = 20.0):
+        super().__init__()
+        self.beta = _number(beta, "beta", "Softplus")
+        if not self.beta > 0:
+            raise ValueError(f"Softplus: beta must be > 0, got {beta!r}")
+        self.threshold = _number(threshold, "threshold", "Softplus")
+
+    def forward(self, x):
+        return ops.softplus(x, self.beta, self.threshold)
+
+    def extra_repr(self) -> str:
+        return f"beta={self.beta}, threshold={self.threshold}"
+
+
+class Mish(Module):
+    """``x * tanh(softplus(x))`` element-wise."""
+
+    def forward(self, x):
+        return ops.mish(x)
+
+
+class Hardtanh(Module):
+    """``clip(x, min_val, max_val)`` element-wise.
+
+    Parameters
+    ----------
+    min_val, max_val : float
+        The range (default -1 and 1); ``max_val`` must be above ``min_val``.
+    """
+
+    def __init__(self, min_val: float = -1.0, max_val: float = 1.0):
+        super().__init__()
+        self.min_val = _number(min_val, "min_val", "Hardtanh")
+        self.max_val = _number(max_val, "max_val", "Hardtanh")
+        if not self.max_val > self.min_val:
+            raise ValueError(
+                f"Hardtanh: max_val ({max_val}) must be greater than min_val ({min_val})"
+            )
+
+    def forward(self, x):
+        return ops.hardtanh(x, self.min_val, self.max_val)
+
+    def extra_repr(self) -> str:
+        return f"min_val={self.min_val}, max_val={self.max_val}"
+
+
+class Hardswish(Module):
+    """``x * relu6(x + 3) / 6`` element-wise: 0 below -3, ``x`` above 3."""
+
+    def forward(self, x):
+        return ops.hardswish(x)
+
+
+class PReLU(Module):
+    """``x`` where positive, ``weight * x`` elsewhere, with a learned slope ``weight``.
+
+    Parameters
+    ----------
+    num_parameters : int
+        1 (one slope shared by every channel, the default) or the number of channels ``C``
+        of the input (axis 1; axis 0 of 1-d input).
+    init : float
+        Initial slope (default 0.25).
+    dtype : dtype or str, optional
+        Parameter dtype (default float32).
+    """
+
+    def __init__(self, num_parameters: int = 1, init: float = 0.25, dtype: Any = None):
+        super().__init__()
+        self.num_parameters = check_positive_int(num_parameters, "num_parameters", "PReLU")
+        self.init = _number(init, "init", "PReLU")
+        self.weight = empty_parameter((self.num_parameters,), parameter_dtype(dtype, "PReLU"))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Every slope back to ``init``."""
+        nn_init.constant_(self.weight, self.init)
+
+    def forward(self, x):
+        shape = shape_of(x)
+        if self.num_parameters > 1:
+            channel_axis = 1 if len(shape) >= 2 else 0
+            if not shape or shape[channel_axis] != self.num_parameters:
+                raise ValueError(
+                    f"{label(self)}: expects {self.num_parameters} channels on axis "
+                    f"{channel_axis}, got input of shape {shape}"
+                )
+        return ops.prelu(x, self.weight)
+
+    def extra_repr(self) -> str:
+        return f"num_parameters={self.num_parameters}"

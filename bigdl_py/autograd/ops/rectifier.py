@@ -1,0 +1,231 @@
+"""ReLU's successors: smooth (ELU, SiLU, Softplus, Mish) and piecewise (Hardtanh, Hardswish,
+PReLU) activations, each with its analytic gradient and PyTorch's formula.
+
+The smooth ones are written so no intermediate overflows: ``softplus(z)`` as
+``max(z, 0) + log1p(exp(-|z|))`` and the sigmoid from ``exp(-|z|)`` only, so a float32
+input of 1000 gives 1000, not ``inf``.
+"""
+
+from __future__ import annotations
+
+from bigdl_py import backend
+from bigdl_py.autograd.function import Function
+
+__all__ = ["elu", "hardswish", "hardtanh", "mish", "prelu", "silu", "softplus"]
+
+
+def _sigmoid(xp, z):
+    """Logistic function from ``exp(-|z|)``: no overflow for any ``z``."""
+    exp_neg_abs = xp.exp(-xp.abs(z))
+    return xp.where(z >= 0, 1 / (1 + exp_neg_abs), exp_neg_abs / (1 + exp_neg_abs))
+
+
+def _softplus(xp, z):
+    """``log(1 + exp(z))`` without overflow."""
+    return xp.maximum(z, 0) + xp.log1p(xp.exp(-xp.abs(z)))
+
+
+def _check_floating(x, op_name: str) -> None:
+    if not backend.is_floating(x.dtype):
+        raise TypeError(f"{op_name}: input must be floating point, got dtype {x.dtype}")
+
+
+class ELU(Function):
+    """``x`` where positive, ``alpha * (exp(x) - 1)`` elsewhere."""
+
+    def forward(self, x, alpha=1.0):
+        _check_floating(x, "elu")
+        xp = backend.array_module(x)
+        alpha = x.dtype.type(alpha)
+        negative_part = alpha * xp.expm1(xp.minimum(x, 0))  # exp of x <= 0 only: no overflow
+        output = xp.where(x > 0, x, negative_part)
+        # d/dx alpha*(exp(x)-1) = alpha*exp(x) = the output + alpha.
+        self.save_for_backward(xp.where(x > 0, x.dtype.type(1), negative_part + alpha))
+        return output
+
+    def backward(self, grad):
+        (slope,) = self.saved
+        return grad * slope
+
+
+class SiLU(Function):
+    """``x * sigmoid(x)`` (also called swish)."""
+
+    def forward(self, x):
+        _check_floating(x, "silu")
+        xp = backend.array_module(x)
+        sigmoid = _sigmoid(xp, x).astype(x.dtype, copy=False)
+        self.save_for_backward(x, sigmoid)
+        return x * sigmoid
+
+    def backward(self, grad):
+        x, sigmoid = self.saved
+        return grad * (sigmoid * (1 + x * (1 - sigmoid)))
+
+
+class Softplus(Function):
+    """``log(1 + exp(beta * x)) / beta``; ``x`` itself where ``beta * x > threshold``."""
+
+    def forward(self, x, beta=1.0, threshold=20.0):
+        _check_floating(x, "softplus")
+        xp = backend.array_module(x)
+        scaled = x * x.dtype.type(beta)
+        linear = scaled > threshold
+        self.save_for_backward(scaled, linear)
+        smooth = _softplus(xp, scaled) / x.dtype.type(beta)
+        return xp.where(linear, x, smooth).astype(x.dtype, copy=False)
+
+    def backward(self, grad):
+        scaled, linear = self.saved
+        xp = backend.array_module(grad)
+        return grad * xp.where(linear, 1, _sigmoid(xp, scaled)).astype(grad.dtype, copy=False)
+
+
+class Mish(Function):
+    """``x * tanh(softplus(x))``."""
+
+    def forward(self, x):
+        _check_floating(x, "mish")
+        xp = backend.array_module(x)
+        tanh_softplus = xp.tanh(_softplus(xp, x)).astype(x.dtype, copy=False)
+        self.save_for_backward(x, tanh_softplus)
+        return x * tanh_softplus
+
+    def backward(self, grad):
+        x, tanh_softplus = self.saved
+        xp = backend.array_module(x)
+        # d softplus(x)/dx = sigmoid(x); d tanh(u)/du = 1 - tanh(u)^2.
+        inner = x * _sigmoid(xp, x) * (1 - tanh_softplus * tanh_softplus)
+        return grad * (tanh_softplus + inner)
+
+
+class Hardtanh(Function):
+    """``clip(x, min_val, max_val)``; the gradient is 1 strictly inside, 0 outside."""
+
+    def forward(self, x, min_val=-1.0, max_val=1.0):
+        _check_floating(x, "hardtanh")
+        xp = backend.array_module(x)
+        self.save_for_backward((x > min_val) & (x < max_val))
+        return xp.clip(x, x.dtype.type(min_val), x.dtype.type(max_val))
+
+    def backward(self, grad):
+        (inside,) = self.saved
+        return grad * inside
+
+
+class Hardswish(Function):
+    """``x * relu6(x + 3) / 6``: 0 below -3, ``x`` above 3, a parabola between."""
+
+    def forward(self, x):
+        _check_floating(x, "hardswish")
+        xp = backend.array_module(x)
+        self.save_for_backward(x)
+        return x * xp.clip(x + 3, 0, 6) / x.dtype.type(6)
+
+    def backward(self, grad):
+        (x,) = self.saved
+        xp = backend.array_module(x)
+        # PyTorch's boundaries: 0 below -3, the parabola's slope up to and including 3.
+        slope = xp.where(x < -3, 0, xp.where(x <= 3, x / 3 + 0.5, 1)).astype(x.dtype, copy=False)
+        return grad * slope
+
+
+class PReLU(Function):
+    """``x`` where positive, ``weight * x`` elsewhere; ``weight`` is per channel (axis 1)."""
+
+    def forward(self, x, weight):
+        _check_floating(x, "prelu")
+        xp = backend.array_module(x)
+        if weight.ndim != 1:
+            raise ValueError(f"prelu: weight must be 1-d, got shape {tuple(weight.shape)}")
+        channel_axis = 1 if x.ndim >= 2 else 0
+        if weight.size != 1 and (x.ndim == 0 or x.shape[channel_axis] != weight.size):
+            raise ValueError(
+                f"prelu: weight has {weight.size} values but the input of shape "
+                f"{tuple(x.shape)} has {x.shape[channel_axis] if x.ndim else 0} channels on "
+                f"axis {channel_axis}"
+            )
+        slope_shape = [1] * x.ndim
+        if weight.size != 1:
+            slope_shape[channel_axis] = weight.size
+        slope = weight.reshape(slope_shape)
+        positive = x > 0
+        self.save_for_backward(x, positive, slope)
+        self.channel_axis = channel_axis
+        self.weight_shape = weight.shape
+        return xp.where(positive, x, slope * x)
+
+    def backward(self, grad):
+        x, positive, slope = self.saved
+        xp = backend.array_module(x)
+        grad_x = grad_weight = None
+        if self.needs_input_grad[0]:
+            grad_x = grad * xp.where(positive, x.dtype.type(1), slope)
+        if self.needs_input_grad[1]:
+            contribution = xp.where(positive, 0, grad * x)
+            if self.weight_shape[0] == 1:
+                grad_weight = contribution.sum().reshape(self.weight_shape)
+            else:
+                axes = tuple(a for a in range(x.ndim) if a != self.channel_axis)
+                grad_weight = contribution.sum(axis=axes)
+        return grad_x, grad_weight
+
+
+# --- functional API -----------------------------------------------------------------------
+def elu(x, alpha: float = 1.0):
+    """``x`` where positive, ``alpha * (exp(x) - 1)`` elsewhere."""
+    return ELU.apply(x, alpha=float(alpha))
+
+
+def silu(x):
+    """``x * sigmoid(x)``."""
+    return SiLU.apply(x)
+
+
+def softplus(x, beta: float = 1.0, threshold: float = 20.0):
+    """``log(1 + exp(beta * x)) / beta``, and ``x`` where ``beta * x > threshold``.
+
+    Raises
+    ------
+    ValueError
+        When ``beta`` is not positive.
+    """
+    if not beta > 0:
+        raise ValueError(f"softplus: beta must be > 0, got {beta!r}")
+    return Softplus.apply(x, beta=float(beta), threshold=float(threshold))
+
+
+def mish(x):
+    """``x * tanh(softplus(x))``."""
+    return Mish.apply(x)
+
+
+def hardtanh(x, min_val: float = -1.0, max_val: float = 1.0):
+    """``clip(x, min_val, max_val)``.
+
+    Raises
+    ------
+    ValueError
+        When ``max_val`` is not above ``min_val``.
+    """
+    if not max_val > min_val:
+        raise ValueError(f"hardtanh: max_val ({max_val}) must be greater than min_val ({min_val})")
+    return Hardtanh.apply(x, min_val=float(min_val), max_val=float(max_val))
+
+
+def hardswish(x):
+    """``x * relu6(x + 3) / 6``."""
+    return Hardswish.apply(x)
+
+
+def prelu(x, weight):
+    """``x`` where positive, ``weight * x`` elsewhere.
+
+    Parameters
+    ----------
+    x : Tensor
+        Input; its channels are axis 1 (axis 0 for 1-d input).
+    weight : Tensor
+        Shape ``(1,)`` (one slope shared by all channels) or ``(C,)`` (one per channel).
+    """
+    return PReLU.apply(x, weight)
