@@ -45,6 +45,7 @@ class _Recurrent(Module):
         bias: bool = True,
         batch_first: bool = True,
         dropout: float = 0.0,
+        bidirectional: bool = False,
         dtype: Any = None,
     ):
         super().__init__()
@@ -55,18 +56,32 @@ class _Recurrent(Module):
         self.bias = bool(bias)
         self.batch_first = bool(batch_first)
         self.dropout = check_probability(dropout, "dropout", name)
+        self.bidirectional = bool(bidirectional)
         dtype = parameter_dtype(dtype, name)
         gate_width = self._gate_count * self.hidden_size
-        # PyTorch's registration order (and so the flat-parameter layout): per layer,
-        # weight_ih, weight_hh, bias_ih, bias_hh.
+        # PyTorch's registration order (and so the flat-parameter layout): per layer and
+        # direction (forward, then "_reverse"), weight_ih, weight_hh, bias_ih, bias_hh.
         for layer in range(self.num_layers):
-            layer_input = self.input_size if layer == 0 else self.hidden_size
-            setattr(self, f"weight_ih_l{layer}", empty_parameter((gate_width, layer_input), dtype))
-            setattr(self, f"weight_hh_l{layer}", empty_parameter((gate_width, hidden_size), dtype))
-            if self.bias:
-                setattr(self, f"bias_ih_l{layer}", empty_parameter((gate_width,), dtype))
-                setattr(self, f"bias_hh_l{layer}", empty_parameter((gate_width,), dtype))
+            layer_input = self.input_size if layer == 0 else self.hidden_size * self.directions
+            for suffix in self._suffixes:
+                tag = f"l{layer}{suffix}"
+                weight_ih = empty_parameter((gate_width, layer_input), dtype)
+                setattr(self, f"weight_ih_{tag}", weight_ih)
+                setattr(self, f"weight_hh_{tag}", empty_parameter((gate_width, hidden_size), dtype))
+                if self.bias:
+                    setattr(self, f"bias_ih_{tag}", empty_parameter((gate_width,), dtype))
+                    setattr(self, f"bias_hh_{tag}", empty_parameter((gate_width,), dtype))
         self.reset_parameters()
+
+    @property
+    def directions(self) -> int:
+        """1, or 2 when bidirectional."""
+        return 2 if self.bidirectional else 1
+
+    @property
+    def _suffixes(self) -> tuple[str, ...]:
+        """Parameter-name suffix of each direction, as in PyTorch."""
+        return ("", "_reverse") if self.bidirectional else ("",)
 
     def reset_parameters(self) -> None:
         """PyTorch's default: every weight and bias from ``U(-1/sqrt(H), 1/sqrt(H))``."""
@@ -96,12 +111,13 @@ class _Recurrent(Module):
         return x
 
     def _checked_state(self, state: Any, what: str, batch: int) -> Tensor:
-        """A given initial state as a Tensor of shape ``(num_layers, N, hidden_size)``."""
+        """A given initial state as a Tensor of shape ``(num_layers * directions, N, H)``."""
         state = state if isinstance(state, Tensor) else Tensor(state, _copy=False)
-        expected = (self.num_layers, batch, self.hidden_size)
+        expected = (self.num_layers * self.directions, batch, self.hidden_size)
         if state.shape != expected:
+            layers = "num_layers * 2" if self.bidirectional else "num_layers"
             raise ValueError(
-                f"{self._label()}: initial {what} must have shape (num_layers, N, "
+                f"{self._label()}: initial {what} must have shape ({layers}, N, "
                 f"hidden_size) = {expected}, got {state.shape}"
             )
         if state.dtype != self.weight_ih_l0.dtype:
@@ -112,12 +128,14 @@ class _Recurrent(Module):
         return state
 
     def _per_layer(self, state: Tensor | None, like: Tensor, batch: int) -> list:
-        """The initial state of each layer: slices of ``state``, or zeros when it is None."""
+        """The initial state of each layer and direction (PyTorch's order: layer 0 forward,
+        layer 0 reverse, layer 1 forward, ...): slices of ``state``, or zeros when None."""
+        count = self.num_layers * self.directions
         if state is None:
             with like.device.activate():
                 zeros = like.device.xp.zeros((batch, self.hidden_size), dtype=like.dtype)
-            return [Tensor(zeros, _copy=False)] * self.num_layers
-        return [ops.getitem(state, layer) for layer in range(self.num_layers)]
+            return [Tensor(zeros, _copy=False)] * count
+        return [ops.getitem(state, index) for index in range(count)]
 
     # --- running ------------------------------------------------------------------------
     def _time_index(self, index) -> tuple:
@@ -125,19 +143,30 @@ class _Recurrent(Module):
         return (slice(None), index) if self.batch_first else (index,)
 
     def _run_layers(self, x: Tensor, initial_states: list[tuple]) -> tuple[Tensor, list]:
-        """Run every layer; ``initial_states[k]`` holds layer k's states (h, or h and c).
+        """Run every layer; ``initial_states[k * directions + d]`` holds the states (h, or h
+        and c) of layer k in direction d.
 
-        Returns the last layer's output sequence and, per layer, its final states.
+        Returns the last layer's output sequence (the directions joined along the features)
+        and the final states of every layer and direction, in the same order.
         """
         sequence, final_states = x, []
+        backwards = self._time_index(slice(None, None, -1))
         for layer in range(self.num_layers):
-            weight_ih = getattr(self, f"weight_ih_l{layer}")
-            weight_hh = getattr(self, f"weight_hh_l{layer}")
-            bias_ih = getattr(self, f"bias_ih_l{layer}") if self.bias else None
-            biases = (getattr(self, f"bias_hh_l{layer}"),) if self.bias else ()
-            input_gates = ops.linear(sequence, weight_ih, bias_ih)
-            sequence, states = self._recur(input_gates, weight_hh, initial_states[layer], biases)
-            final_states.append(states)
+            outputs = []
+            for direction, suffix in enumerate(self._suffixes):
+                name = f"l{layer}{suffix}"
+                weight_ih = getattr(self, f"weight_ih_{name}")
+                weight_hh = getattr(self, f"weight_hh_{name}")
+                bias_ih = getattr(self, f"bias_ih_{name}") if self.bias else None
+                biases = (getattr(self, f"bias_hh_{name}"),) if self.bias else ()
+                input_gates = ops.linear(sequence, weight_ih, bias_ih)
+                if direction:  # the reverse direction reads the sequence back to front
+                    input_gates = ops.getitem(input_gates, backwards)
+                states = initial_states[layer * self.directions + direction]
+                output, states = self._recur(input_gates, weight_hh, states, biases)
+                outputs.append(ops.getitem(output, backwards) if direction else output)
+                final_states.append(states)
+            sequence = outputs[0] if len(outputs) == 1 else ops.concatenate(outputs, axis=-1)
             if self.dropout and self.training and layer < self.num_layers - 1:
                 sequence = ops.dropout(sequence, self.dropout)
         return sequence, final_states
@@ -155,6 +184,8 @@ class _Recurrent(Module):
             text += ", batch_first=False"
         if self.dropout:
             text += f", dropout={self.dropout}"
+        if self.bidirectional:
+            text += ", bidirectional=True"
         return text
 
 
@@ -182,15 +213,19 @@ class LSTM(_Recurrent):
         False) or, when False, ``(T, N, F)``.
     dropout : float
         Dropout on each layer's output except the last, in training only.
+    bidirectional : bool
+        Also run each layer back to front and join both directions' hidden states along the
+        features, so outputs have ``2H`` features (default False).
     dtype : dtype or str, optional
         Parameter dtype (default float32).
 
     Notes
     -----
     Parameters ``weight_ih_l{k}`` ``(4H, in)``, ``weight_hh_l{k}`` ``(4H, H)``,
-    ``bias_ih_l{k}`` and ``bias_hh_l{k}`` ``(4H,)``, gates in PyTorch's order
-    ``[input, forget, cell, output]``, all initialised from ``U(-1/sqrt(H), 1/sqrt(H))``,
-    so PyTorch weights copy over by name.
+    ``bias_ih_l{k}`` and ``bias_hh_l{k}`` ``(4H,)``, and with ``bidirectional`` the same
+    with the suffix ``_reverse``; ``in`` is ``input_size`` for layer 0, ``H`` (``2H`` when
+    bidirectional) above. Gates are in PyTorch's order ``[input, forget, cell, output]``,
+    all initialised from ``U(-1/sqrt(H), 1/sqrt(H))``, so PyTorch weights copy over by name.
     """
 
     _gate_count = 4
@@ -203,9 +238,12 @@ class LSTM(_Recurrent):
         bias: bool = True,
         batch_first: bool = True,
         dropout: float = 0.0,
+        bidirectional: bool = False,
         dtype: Any = None,
     ):
-        super().__init__(input_size, hidden_size, num_layers, bias, batch_first, dropout, dtype)
+        super().__init__(
+            input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional, dtype
+        )
 
     def forward(self, input, hx=None):  # noqa: A002 - PyTorch's argument name
         """Run the sequence.
@@ -215,14 +253,18 @@ class LSTM(_Recurrent):
         input : Tensor
             ``(N, T, input_size)`` (``(T, N, input_size)`` when ``batch_first=False``).
         hx : (Tensor, Tensor), optional
-            Initial ``(h_0, c_0)``, each ``(num_layers, N, hidden_size)``; zeros if omitted.
+            Initial ``(h_0, c_0)``, each ``(num_layers * D, N, hidden_size)`` with ``D`` 2
+            when bidirectional, else 1; zeros if omitted.
 
         Returns
         -------
         output : Tensor
-            The last layer's hidden state at every step, ``(N, T, H)`` (or ``(T, N, H)``).
+            The last layer's hidden state at every step, ``(N, T, D * H)`` (or
+            ``(T, N, D * H)``); when bidirectional, the forward direction's features first.
         (h_n, c_n) : (Tensor, Tensor)
-            The final hidden and cell states of every layer, each ``(num_layers, N, H)``.
+            The final hidden and cell states of every layer and direction, each
+            ``(num_layers * D, N, H)``, ordered layer 0 forward, layer 0 reverse, layer 1
+            forward, ... (a reverse direction's final state is the one at the first step).
         """
         x = self._checked_input(input)
         batch = x.shape[0] if self.batch_first else x.shape[1]
@@ -265,7 +307,7 @@ class GRU(_Recurrent):
 
     Parameters
     ----------
-    input_size, hidden_size, num_layers, bias, batch_first, dropout, dtype
+    input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional, dtype
         As for :class:`LSTM`.
 
     Notes
@@ -284,9 +326,12 @@ class GRU(_Recurrent):
         bias: bool = True,
         batch_first: bool = True,
         dropout: float = 0.0,
+        bidirectional: bool = False,
         dtype: Any = None,
     ):
-        super().__init__(input_size, hidden_size, num_layers, bias, batch_first, dropout, dtype)
+        super().__init__(
+            input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional, dtype
+        )
 
     def forward(self, input, hx=None):  # noqa: A002 - PyTorch's argument name
         """Run the sequence.
@@ -296,14 +341,16 @@ class GRU(_Recurrent):
         input : Tensor
             ``(N, T, input_size)`` (``(T, N, input_size)`` when ``batch_first=False``).
         hx : Tensor, optional
-            Initial hidden state ``(num_layers, N, hidden_size)``; zeros if omitted.
+            Initial hidden state ``(num_layers * D, N, hidden_size)``; zeros if omitted.
 
         Returns
         -------
         output : Tensor
-            The last layer's hidden state at every step, ``(N, T, H)`` (or ``(T, N, H)``).
+            The last layer's hidden state at every step, ``(N, T, D * H)`` (or
+            ``(T, N, D * H)``).
         h_n : Tensor
-            The final hidden state of every layer, ``(num_layers, N, H)``.
+            The final hidden state of every layer and direction, ``(num_layers * D, N, H)``,
+            ordered as for :class:`LSTM`.
         """
         x = self._checked_input(input)
         batch = x.shape[0] if self.batch_first else x.shape[1]

@@ -29,6 +29,11 @@ def initial_state(layers, batch=BATCH, hidden=HIDDEN_SIZE, seed=1):
     return np.random.default_rng(seed).standard_normal((layers, batch, hidden))
 
 
+def state_rows(layer):
+    """Rows of an initial state: one per layer and direction."""
+    return layer.num_layers * (2 if layer.bidirectional else 1)
+
+
 def flat_outputs(layer, x, states):
     """Every output of ``layer(x, states)`` (sequence and final states), as one 1-d tensor."""
     if isinstance(layer, nn.LSTM):
@@ -50,6 +55,17 @@ RECURRENT_CASES = [
     pytest.param(nn.GRU, {"num_layers": 2}, True, id="gru_2_layers"),
     pytest.param(nn.GRU, {"num_layers": 2, "batch_first": False}, True, id="gru_time_major"),
     pytest.param(nn.GRU, {"bias": False}, False, id="gru_no_bias_zero_state"),
+    pytest.param(nn.LSTM, {"bidirectional": True}, True, id="lstm_bidirectional"),
+    pytest.param(
+        nn.LSTM,
+        {"bidirectional": True, "num_layers": 2, "batch_first": False},
+        True,
+        id="lstm_bidirectional_2_layers_time_major",
+    ),
+    pytest.param(nn.GRU, {"bidirectional": True}, False, id="gru_bidirectional_zero_state"),
+    pytest.param(
+        nn.GRU, {"bidirectional": True, "num_layers": 2}, True, id="gru_bidirectional_2_layers"
+    ),
 ]
 
 
@@ -61,7 +77,7 @@ def test_recurrent_gradients_match_finite_differences(layer_class, kwargs, with_
     if with_state:
         count = 2 if layer_class is nn.LSTM else 1
         states = [
-            Tensor(initial_state(layer.num_layers, seed=k), requires_grad=True, dtype=F64)
+            Tensor(initial_state(state_rows(layer), seed=k), requires_grad=True, dtype=F64)
             for k in range(count)
         ]
     checked = [x] + (states or []) + list(layer.parameters())
@@ -78,7 +94,7 @@ def test_recurrent_matches_pytorch(torch, layer_class, kwargs, with_state):
     arrays = [sequence(steps=5, batch=3, batch_first=ours.batch_first)]
     if with_state:
         count = 2 if layer_class is nn.LSTM else 1
-        arrays += [initial_state(ours.num_layers, batch=3, seed=k) for k in range(count)]
+        arrays += [initial_state(state_rows(ours), batch=3, seed=k) for k in range(count)]
     our_inputs = [Tensor(a, requires_grad=True, dtype=F64) for a in arrays]
     their_inputs = [torch.tensor(a, requires_grad=True) for a in arrays]
 
@@ -185,6 +201,72 @@ def test_final_hidden_state_is_the_last_step_of_the_output(layer_class):
     np.testing.assert_array_equal(hidden.numpy()[-1], output.numpy()[-1])
 
 
+# --- bidirectional ---------------------------------------------------------------------------
+@pytest.mark.parametrize("layer_class, gates", [(nn.LSTM, 4), (nn.GRU, 3)])
+def test_bidirectional_parameters_have_pytorchs_names_and_shapes(layer_class, gates):
+    layer = layer_class(10, 20, num_layers=2, bidirectional=True, bias=False)
+    shapes = {name: parameter.shape for name, parameter in layer.named_parameters()}
+    assert list(shapes) == [
+        "weight_ih_l0",
+        "weight_hh_l0",
+        "weight_ih_l0_reverse",
+        "weight_hh_l0_reverse",
+        "weight_ih_l1",
+        "weight_hh_l1",
+        "weight_ih_l1_reverse",
+        "weight_hh_l1_reverse",
+    ]
+    assert shapes["weight_ih_l0_reverse"] == (gates * 20, 10)
+    assert shapes["weight_ih_l1"] == shapes["weight_ih_l1_reverse"] == (gates * 20, 40)
+    assert shapes["weight_hh_l1_reverse"] == (gates * 20, 20)
+
+
+@pytest.mark.parametrize("layer_class", [nn.LSTM, nn.GRU])
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_bidirectional_final_states_are_the_ends_of_each_direction(layer_class, batch_first):
+    layer = layer_class(
+        INPUT_SIZE, HIDDEN_SIZE, num_layers=2, bidirectional=True, batch_first=batch_first
+    )
+    output, state = layer(Tensor(sequence(batch_first=batch_first), dtype=np.float32))
+    hidden = (state[0] if layer_class is nn.LSTM else state).numpy()
+    steps = output.numpy() if not batch_first else output.numpy().swapaxes(0, 1)
+    assert steps.shape == (STEPS, BATCH, 2 * HIDDEN_SIZE)
+    assert hidden.shape == (4, BATCH, HIDDEN_SIZE)
+    # The last layer's forward direction ends at the last step, its reverse at the first.
+    np.testing.assert_array_equal(hidden[2], steps[-1, :, :HIDDEN_SIZE])
+    np.testing.assert_array_equal(hidden[3], steps[0, :, HIDDEN_SIZE:])
+
+
+def test_reverse_direction_reads_the_sequence_back_to_front():
+    """A bidirectional layer's reverse half is a forward layer run on the flipped sequence."""
+    bidirectional = nn.GRU(INPUT_SIZE, HIDDEN_SIZE, bidirectional=True, dtype=F64)
+    reverse_only = nn.GRU(INPUT_SIZE, HIDDEN_SIZE, dtype=F64)
+    reverse_only.load_state_dict(
+        {
+            name.replace("_reverse", ""): value
+            for name, value in bidirectional.state_dict().items()
+            if name.endswith("_reverse")
+        }
+    )
+    x = sequence()
+    both, _ = bidirectional(Tensor(x, dtype=F64))
+    flipped, _ = reverse_only(Tensor(x[:, ::-1].copy(), dtype=F64))
+    np.testing.assert_allclose(both.numpy()[:, :, HIDDEN_SIZE:], flipped.numpy()[:, ::-1])
+
+
+def test_bidirectional_save_load_round_trip(tmp_path):
+    layer = nn.LSTM(INPUT_SIZE, HIDDEN_SIZE, num_layers=2, bidirectional=True, dropout=0.25)
+    path = tmp_path / "bilstm.bigdl"
+    nn.save(layer.eval(), path)
+    loaded = nn.load(path)
+    assert loaded.bidirectional and loaded.num_layers == 2 and loaded.dropout == 0.25
+    x = Tensor(sequence(), dtype=np.float32)
+    (output, (hidden, cell)), (loaded_output, (loaded_hidden, loaded_cell)) = layer(x), loaded(x)
+    np.testing.assert_array_equal(loaded_output.numpy(), output.numpy())
+    np.testing.assert_array_equal(loaded_hidden.numpy(), hidden.numpy())
+    np.testing.assert_array_equal(loaded_cell.numpy(), cell.numpy())
+
+
 # --- dropout between layers -----------------------------------------------------------------
 def test_dropout_acts_between_layers_in_training_only():
     with nn.init.seeded(0):
@@ -237,6 +319,13 @@ def float32_zeros(*shape) -> Tensor:
             TypeError,
             "initial hidden state h_0 has dtype float64 but the parameters are float32",
         ),
+        (
+            lambda: nn.LSTM(3, 2, bidirectional=True)(
+                float32_zeros(2, 4, 3), (float32_zeros(1, 2, 2), float32_zeros(1, 2, 2))
+            ),
+            ValueError,
+            r"h_0 must have shape \(num_layers \* 2, N, hidden_size\) = \(2, 2, 2\), got \(1,",
+        ),
         (lambda: nn.LSTM(3, 0), ValueError, "hidden_size must be a positive integer"),
         (lambda: nn.GRU(3, 2, dropout=1.5), ValueError, "dropout must be a number in"),
     ],
@@ -248,6 +337,7 @@ def float32_zeros(*shape) -> Tensor:
         "state_shape",
         "lstm_state_pair",
         "state_dtype",
+        "bidirectional_state_shape",
         "hidden_size",
         "dropout",
     ],
