@@ -14,7 +14,7 @@ import test_layers_parity as parity
 from layer_checks import check_save_load_round_trip
 
 from bigdl_py import nn
-from bigdl_py.autograd import Tensor
+from bigdl_py.autograd import Tensor, gradcheck
 
 F64 = np.float64
 
@@ -101,6 +101,65 @@ CASES = [
         lambda t: t.nn.Upsample(scale_factor=(0.7, 2.5), mode="bilinear", align_corners=False),
         [(1, 2, 5, 3)],
     ),
+    (
+        "group_norm",
+        lambda: parity.with_random_affine(nn.GroupNorm(2, 4, dtype=F64)),
+        lambda t: t.nn.GroupNorm(2, 4),
+        [(2, 4, 3, 3)],
+    ),
+    (
+        "group_norm_one_group_sequence_input",
+        lambda: parity.with_random_affine(nn.GroupNorm(1, 3, dtype=F64)),
+        lambda t: t.nn.GroupNorm(1, 3),
+        [(2, 3, 5)],
+    ),
+    (
+        "group_norm_a_group_per_channel_no_affine",
+        lambda: nn.GroupNorm(3, 3, affine=False, dtype=F64),
+        lambda t: t.nn.GroupNorm(3, 3, affine=False),
+        [(2, 3, 2, 3)],
+    ),
+    (
+        "instance_norm2d",
+        lambda: nn.InstanceNorm2d(3, dtype=F64),
+        lambda t: t.nn.InstanceNorm2d(3),
+        [(2, 3, 3, 4)],
+    ),
+    (
+        "instance_norm2d_affine_unbatched",
+        lambda: parity.with_random_affine(nn.InstanceNorm2d(2, affine=True, dtype=F64)),
+        lambda t: t.nn.InstanceNorm2d(2, affine=True),
+        [(2, 3, 4)],
+    ),
+    (
+        "instance_norm2d_running_stats_train",
+        lambda: parity.with_random_affine(
+            nn.InstanceNorm2d(3, momentum=0.3, affine=True, track_running_stats=True, dtype=F64)
+        ),
+        lambda t: t.nn.InstanceNorm2d(3, momentum=0.3, affine=True, track_running_stats=True),
+        [(4, 3, 3, 3)],
+    ),
+    (
+        "instance_norm2d_running_stats_eval",
+        lambda: parity.with_random_running_stats(
+            nn.InstanceNorm2d(3, track_running_stats=True, dtype=F64)
+        ).eval(),
+        lambda t: t.nn.InstanceNorm2d(3, track_running_stats=True),
+        [(2, 3, 2, 3)],
+    ),
+    (
+        "instance_norm2d_no_running_stats_eval",
+        lambda: nn.InstanceNorm2d(2, dtype=F64).eval(),
+        lambda t: t.nn.InstanceNorm2d(2),
+        [(2, 2, 3, 3)],
+    ),
+    (
+        "dropout2d_eval",
+        lambda: nn.Dropout2d(0.5).eval(),
+        lambda t: t.nn.Dropout2d(0.5),
+        [(2, 3, 2, 2)],
+    ),
+    ("dropout2d_p0", lambda: nn.Dropout2d(0.0), lambda t: t.nn.Dropout2d(0.0), [(2, 3, 2, 2)]),
 ]
 CASE_PARAMS = [pytest.param(*case[1:], id=case[0]) for case in CASES]
 
@@ -145,6 +204,12 @@ def test_adaptive_pools_keep_float32():
         (nn.MaxPool1d(2), (2, 3, 4, 4), r"MaxPool1d\(kernel_size=2.*\(N, C, L\).*\(2, 3, 4, 4\)"),
         (nn.AvgPool1d(5), (2, 3, 4), r"AvgPool1d\(kernel_size=5.*length 4.*shorter than"),
         (nn.Upsample(scale_factor=2), (2, 3, 4), r"Upsample\(scale_factor=2.*\(2, 3, 4\)"),
+        (nn.GroupNorm(2, 4), (2, 6, 3, 3), r"GroupNorm\(2, 4, .*\(N, 4, \.\.\.\).*\(2, 6, 3, 3\)"),
+        (nn.InstanceNorm2d(3), (2, 4, 3, 3), r"InstanceNorm2d\(3, .*input has 4 channels"),
+        (nn.InstanceNorm2d(3), (2, 3), r"InstanceNorm2d\(3, .*\(N, C, H, W\).*\(2, 3\)"),
+        (nn.InstanceNorm2d(3), (2, 3, 5), r"InstanceNorm2d\(3, .*2 channels \(shape \(2, 3, 5\)"),
+        (nn.InstanceNorm2d(3), (2, 3, 1, 1), r"InstanceNorm2d\(3, .*more than one spatial value"),
+        (nn.Dropout2d(0.5), (4, 5), r"Dropout2d\(p=0.5\): expects \(N, C, H, W\) or \(N, C, L\)"),
         (
             nn.Upsample(scale_factor=0.1),
             (1, 1, 4, 4),
@@ -165,6 +230,10 @@ def test_shape_errors_name_the_layer_and_the_shape(layer, shape, message):
         (lambda: nn.AdaptiveMaxPool2d(2, return_indices=True), r"return_indices=True is not"),
         (lambda: nn.MaxPool1d(0), r"MaxPool1d: kernel_size must be a positive integer, got 0"),
         (lambda: nn.AvgPool1d(2, padding=2), r"AvgPool1d: padding 2 must be at most half"),
+        (lambda: nn.GroupNorm(3, 4), r"GroupNorm: num_groups=3 must divide num_channels=4"),
+        (lambda: nn.GroupNorm(0, 4), r"GroupNorm: num_groups must be a positive integer"),
+        (lambda: nn.InstanceNorm2d(3, momentum=2.0), r"InstanceNorm2d: momentum must be in"),
+        (lambda: nn.Dropout2d(-0.1), r"Dropout2d: p must be a number in \[0, 1\]"),
         (lambda: nn.Upsample(), r"Upsample: give exactly one of size and scale_factor"),
         (lambda: nn.Upsample(size=2, scale_factor=2), r"Upsample: give exactly one of size"),
         (lambda: nn.Upsample(size=(2, 0)), r"Upsample: size must be a positive integer"),
@@ -179,3 +248,70 @@ def test_shape_errors_name_the_layer_and_the_shape(layer, shape, message):
 def test_bad_settings_raise_naming_the_layer_and_the_setting(build, message):
     with pytest.raises(ValueError, match=message):
         build()
+
+
+def test_norm_layers_start_as_identity_transforms_with_pytorchs_defaults():
+    group_norm = nn.GroupNorm(2, 4)
+    np.testing.assert_array_equal(group_norm.weight.numpy(), np.ones(4))
+    np.testing.assert_array_equal(group_norm.bias.numpy(), np.zeros(4))
+    instance_norm = nn.InstanceNorm2d(4)
+    assert instance_norm.weight is None and instance_norm.bias is None
+    assert list(instance_norm.state_dict()) == []
+    tracked = nn.InstanceNorm2d(4, affine=True, track_running_stats=True)
+    assert list(tracked.state_dict()) == [
+        "weight",
+        "bias",
+        "running_mean",
+        "running_var",
+        "num_batches_tracked",
+    ]
+
+
+def test_instance_norm_with_momentum_none_keeps_its_running_stats_like_pytorch(torch):
+    ours = nn.InstanceNorm2d(2, momentum=None, track_running_stats=True, dtype=F64)
+    theirs = torch.nn.InstanceNorm2d(2, momentum=None, track_running_stats=True).double()
+    values = np.random.default_rng(0).standard_normal((3, 2, 4, 4))
+    ours(Tensor(values, dtype=F64))
+    theirs(torch.from_numpy(values))
+    for name, buffer in ours.named_buffers():
+        np.testing.assert_array_equal(buffer.numpy(), dict(theirs.named_buffers())[name].numpy())
+
+
+def test_dropout2d_in_training_gradient_matches_finite_differences():
+    x = Tensor(np.random.default_rng(0).standard_normal((3, 4, 2, 2)), requires_grad=True)
+
+    def run(a):
+        # A fresh layer with a fixed seed draws the same mask on every call.
+        return nn.Dropout2d(0.4, seed=5)(a)
+
+    assert gradcheck(run, [x])
+
+
+# PyTorch warns that it may one day read 3-d input as one (C, H, W) sample; today (and here)
+# it is (N, C, L).
+@pytest.mark.filterwarnings("ignore:dropout2d. Received a 3D input:UserWarning")
+@pytest.mark.parametrize("shape", [(40, 50, 3, 3), (40, 50, 6)], ids=["4d", "3d"])
+def test_dropout2d_drops_whole_channels_and_scales_like_pytorch(torch, shape):
+    """Output and input gradient follow PyTorch's rule given each library's own mask:
+    each (sample, channel) map kept and scaled by 1/(1-p), or zero; about p of them zero."""
+    p = 0.3
+    values = 1.0 + np.random.default_rng(0).random(shape)  # no zeros: a zero marks a drop
+    upstream = np.random.default_rng(1).standard_normal(shape)
+    ours = Tensor(values, requires_grad=True, dtype=F64)
+    our_output = nn.Dropout2d(p, seed=0)(ours)
+    our_output.backward(upstream)
+    theirs = torch.tensor(values, requires_grad=True)
+    torch.manual_seed(0)
+    their_output = torch.nn.Dropout2d(p).train()(theirs)
+    their_output.backward(torch.from_numpy(upstream))
+    spatial = tuple(range(2, len(shape)))
+    results = [
+        (our_output.numpy(), ours.grad.numpy()),
+        (their_output.detach().numpy(), theirs.grad.numpy()),
+    ]
+    for output, gradient in results:
+        kept = np.all(output != 0, axis=spatial, keepdims=True)
+        assert np.array_equal(np.any(output != 0, axis=spatial, keepdims=True), kept)
+        np.testing.assert_allclose(output, np.where(kept, values / (1 - p), 0.0), rtol=1e-12)
+        np.testing.assert_allclose(gradient, np.where(kept, upstream / (1 - p), 0.0), rtol=1e-12)
+        assert abs((~kept).mean() - p) < 0.05

@@ -1,14 +1,15 @@
-"""Dropout (BigDL's ``Dropout``): inverted dropout driven by the module's training flag."""
+"""Dropout (BigDL's ``Dropout``, ``SpatialDropout2D``): inverted dropout of elements or of
+whole channels, driven by the module's training flag."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from bigdl_py.autograd import ops
-from bigdl_py.nn.layers._base import check_probability
+from bigdl_py.nn.layers._base import check_ndim, check_probability
 from bigdl_py.nn.module import Module
 
-__all__ = ["Dropout"]
+__all__ = ["Dropout", "Dropout2d"]
 
 
 class Dropout(Module):
@@ -32,7 +33,7 @@ class Dropout(Module):
 
     def __init__(self, p: float = 0.5, seed: int | None = None):
         super().__init__()
-        self.p = check_probability(p, "p", "Dropout")
+        self.p = check_probability(p, "p", type(self).__name__)
         self.seed = seed
         self._generator = None if seed is None else np.random.default_rng(seed)
 
@@ -41,3 +42,28 @@ class Dropout(Module):
 
     def extra_repr(self) -> str:
         return f"p={self.p}" + ("" if self.seed is None else f", seed={self.seed}")
+
+
+class Dropout2d(Dropout):
+    """Zero each whole channel with probability ``p`` in training and scale the rest by
+    1/(1-p); the identity in evaluation.
+
+    Input ``(N, C, H, W)``; ``(N, C, L)`` drops channels of a sequence, as PyTorch 2 does
+    with 3-d input (it warns that a later release may read 3-d input as one ``(C, H, W)``
+    sample). One draw per sample and channel, so a dropped feature map is zero everywhere.
+
+    Parameters
+    ----------
+    p : float
+        Drop probability in ``[0, 1]`` (default 0.5).
+    seed : int, optional
+        Give the layer its own generator seeded with ``seed`` (see :class:`Dropout`).
+
+    Notes
+    -----
+    BigDL's ``SpatialDropout2D(init_p)`` means the same ``p``.
+    """
+
+    def forward(self, x):
+        check_ndim(self, x, (3, 4), "(N, C, H, W) or (N, C, L)")
+        return ops.dropout2d(x, self.p, training=self.training, rng=self._generator)

@@ -1,5 +1,6 @@
-"""Batch and layer normalisation (BigDL's ``BatchNormalization``,
-``SpatialBatchNormalization``; PyTorch's ``LayerNorm``)."""
+"""Batch, layer, group and instance normalisation (BigDL's ``BatchNormalization``,
+``SpatialBatchNormalization``, ``LayerNormalization``; PyTorch's ``GroupNorm`` and
+``InstanceNorm2d``)."""
 
 from __future__ import annotations
 
@@ -20,11 +21,11 @@ from bigdl_py.nn.layers._base import (
 )
 from bigdl_py.nn.module import Module
 
-__all__ = ["BatchNorm1d", "BatchNorm2d", "LayerNorm"]
+__all__ = ["BatchNorm1d", "BatchNorm2d", "GroupNorm", "InstanceNorm2d", "LayerNorm"]
 
 
-class _BatchNorm(Module):
-    """Batch normalisation over axis 1; subclasses fix which input ranks are accepted."""
+class _NormBase(Module):
+    """Per-channel affine parameters and running statistics: batch and instance norms."""
 
     _ranks: tuple[int, ...] = ()
     _layout = ""
@@ -81,13 +82,26 @@ class _BatchNorm(Module):
             init.ones_(self.weight)
             init.zeros_(self.bias)
 
-    def forward(self, x):
+    def _check_input(self, x) -> None:
         check_ndim(self, x, self._ranks, self._layout)
         if x.shape[1] != self.num_features:
             raise ValueError(
                 f"{label(self)}: input has {x.shape[1]} channels (shape {tuple(x.shape)}); "
                 f"expected {self.num_features}"
             )
+
+    def extra_repr(self) -> str:
+        return (
+            f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, "
+            f"affine={self.affine}, track_running_stats={self.track_running_stats}"
+        )
+
+
+class _BatchNorm(_NormBase):
+    """Batch normalisation over axis 1; subclasses fix which input ranks are accepted."""
+
+    def forward(self, x):
+        self._check_input(x)
         momentum = self.momentum
         if self.training and self.track_running_stats:
             self.num_batches_tracked.data += 1
@@ -104,12 +118,6 @@ class _BatchNorm(Module):
             training=use_batch_statistics,
             momentum=0.0 if momentum is None else momentum,
             eps=self.eps,
-        )
-
-    def extra_repr(self) -> str:
-        return (
-            f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, "
-            f"affine={self.affine}, track_running_stats={self.track_running_stats}"
         )
 
 
@@ -220,3 +228,146 @@ class LayerNorm(Module):
             f"{self.normalized_shape}, eps={self.eps}, "
             f"elementwise_affine={self.elementwise_affine}, bias={self.bias is not None}"
         )
+
+
+class InstanceNorm2d(_NormBase):
+    """Normalise each channel of each sample over its ``(H, W)`` positions.
+
+    Parameters
+    ----------
+    num_features : int
+        ``C``.
+    eps : float
+        Added to the variance before the square root (default 1e-5).
+    momentum : float or None
+        Weight of the current batch in the running statistics (default 0.1). ``None``
+        leaves them unchanged, as in PyTorch (instance norm keeps no cumulative average).
+    affine : bool
+        Learn a per-channel scale ``weight`` (init 1) and shift ``bias`` (init 0); default
+        False, as in PyTorch.
+    track_running_stats : bool
+        Default False: every call normalises with the instance's own statistics. With True
+        training also updates ``running_mean``/``running_var`` (the batch average of the
+        per-instance mean and unbiased variance) and evaluation normalises with them.
+    dtype : dtype or str, optional
+        Dtype of parameters and running statistics (default float32).
+
+    Notes
+    -----
+    Input ``(N, C, H, W)``, or ``(C, H, W)`` for one sample. ``num_batches_tracked`` is kept
+    for PyTorch's state-dict keys and, like PyTorch's, never counts.
+    """
+
+    _ranks = (3, 4)
+    _layout = "(N, C, H, W) or (C, H, W)"
+
+    def __init__(
+        self,
+        num_features: int,
+        eps: float = 1e-5,
+        momentum: float | None = 0.1,
+        affine: bool = False,
+        track_running_stats: bool = False,
+        dtype: Any = None,
+    ):
+        super().__init__(num_features, eps, momentum, affine, track_running_stats, dtype)
+
+    def forward(self, x):
+        check_ndim(self, x, self._ranks, self._layout)
+        shape = tuple(x.shape)
+        if shape[-3] != self.num_features:
+            raise ValueError(
+                f"{label(self)}: input has {shape[-3]} channels (shape {shape}, layout "
+                f"{self._layout}); expected {self.num_features}"
+            )
+        unbatched = len(shape) == 3
+        batched = ops.reshape(x, (1,) + shape) if unbatched else x
+        use_input_stats = self.training or not self.track_running_stats
+        # One value per channel normalises to 0 whatever it is: PyTorch refuses it too.
+        if use_input_stats and batched.shape[2] * batched.shape[3] < 2:
+            raise ValueError(
+                f"{label(self)}: needs more than one spatial value per channel to normalise "
+                f"with the input's statistics, got input of shape {shape}"
+            )
+        output = ops.instance_norm(
+            batched,
+            self.running_mean,
+            self.running_var,
+            self.weight,
+            self.bias,
+            use_input_stats=use_input_stats,
+            momentum=0.0 if self.momentum is None else self.momentum,
+            eps=self.eps,
+        )
+        return ops.reshape(output, shape) if unbatched else output
+
+
+class GroupNorm(Module):
+    """Normalise each sample's channels in ``num_groups`` groups, each over its channels and
+    positions, then scale and shift per channel.
+
+    Parameters
+    ----------
+    num_groups : int
+        Must divide ``num_channels``. 1 normalises all channels together (like
+        :class:`LayerNorm` over ``(C, H, W)`` with per-channel affine), ``num_channels``
+        each on its own (like :class:`InstanceNorm2d`).
+    num_channels : int
+        ``C``.
+    eps : float
+        Added to the variance (default 1e-5).
+    affine : bool
+        Learn a per-channel ``weight`` (init 1) and ``bias`` (init 0); default True.
+    dtype : dtype or str, optional
+        Parameter dtype (default float32).
+
+    Notes
+    -----
+    Input ``(N, C, ...)``. No running statistics: training and evaluation compute alike,
+    and results do not depend on the batch size.
+    """
+
+    def __init__(
+        self,
+        num_groups: int,
+        num_channels: int,
+        eps: float = 1e-5,
+        affine: bool = True,
+        dtype: Any = None,
+    ):
+        super().__init__()
+        self.num_groups = check_positive_int(num_groups, "num_groups", "GroupNorm")
+        self.num_channels = check_positive_int(num_channels, "num_channels", "GroupNorm")
+        if self.num_channels % self.num_groups:
+            raise ValueError(
+                f"GroupNorm: num_groups={num_groups} must divide num_channels={num_channels}"
+            )
+        if eps <= 0:
+            raise ValueError(f"GroupNorm: eps must be > 0, got {eps}")
+        self.eps = float(eps)
+        self.affine = bool(affine)
+        dtype = parameter_dtype(dtype, "GroupNorm")
+        if self.affine:
+            self.weight = empty_parameter((self.num_channels,), dtype)
+            self.bias = empty_parameter((self.num_channels,), dtype)
+        else:
+            self.register_parameter("weight", None)
+            self.register_parameter("bias", None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Scale 1 and shift 0."""
+        if self.affine:
+            init.ones_(self.weight)
+            init.zeros_(self.bias)
+
+    def forward(self, x):
+        shape = tuple(x.shape)
+        if len(shape) < 2 or shape[1] != self.num_channels:
+            raise ValueError(
+                f"{label(self)}: expects (N, {self.num_channels}, ...) input, got shape {shape}"
+            )
+        return ops.group_norm(x, self.num_groups, self.weight, self.bias, self.eps)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_groups}, {self.num_channels}, eps={self.eps}, affine={self.affine}"
