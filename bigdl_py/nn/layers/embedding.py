@@ -1,4 +1,4 @@
-"""Embedding lookup table (BigDL's ``LookupTable``)."""
+"""Embedding lookup tables: ``Embedding`` (BigDL's ``LookupTable``) and ``EmbeddingBag``."""
 
 from __future__ import annotations
 
@@ -7,11 +7,12 @@ from typing import Any
 import numpy as np
 
 from bigdl_py.autograd import ops
+from bigdl_py.autograd.ops.embedding_bag import MODES, embedding_bag
 from bigdl_py.nn import init
 from bigdl_py.nn.layers._base import check_positive_int, empty_parameter, label, parameter_dtype
 from bigdl_py.nn.module import Module
 
-__all__ = ["Embedding"]
+__all__ = ["Embedding", "EmbeddingBag"]
 
 
 class Embedding(Module):
@@ -70,4 +71,88 @@ class Embedding(Module):
 
     def extra_repr(self) -> str:
         text = f"{self.num_embeddings}, {self.embedding_dim}"
+        return text if self.padding_idx is None else text + f", padding_idx={self.padding_idx}"
+
+
+class EmbeddingBag(Module):
+    """The sum, mean or max of the embeddings of each bag of indices, without building the
+    per-index embeddings (recommendation and bag-of-words models).
+
+    Parameters
+    ----------
+    num_embeddings : int
+        Vocabulary size; indices must lie in ``[0, num_embeddings)``.
+    embedding_dim : int
+        Size of each vector.
+    mode : {"mean", "sum", "max"}
+        How a bag's rows are reduced (default "mean", as PyTorch).
+    include_last_offset : bool
+        ``offsets`` has one more entry, the end of the last bag (CSR layout).
+    padding_idx : int, optional
+        Entries equal to it are left out of their bag (and of the mean's count); its row
+        starts as zeros and gets no gradient. Negative counts from the end.
+    dtype : dtype or str, optional
+        Parameter dtype (default float32).
+
+    Notes
+    -----
+    ``forward(input, offsets=None, per_sample_weights=None)``: ``input`` is ``(B, L)`` (each
+    row a bag) or ``(M,)`` with ``offsets (B,)`` giving where each bag starts (from 0,
+    non-decreasing); the output is ``(B, embedding_dim)``, an empty bag giving zeros.
+    ``per_sample_weights`` (shaped like ``input``, mode ``sum`` only) scale each row.
+    ``weight`` starts as ``N(0, 1)``, PyTorch's default. PyTorch's ``max_norm``,
+    ``scale_grad_by_freq`` and ``sparse`` are not supported; the arguments after
+    ``embedding_dim`` are keyword-only, since PyTorch's positional order starts with those.
+    """
+
+    def __init__(
+        self,
+        num_embeddings: int,
+        embedding_dim: int,
+        *,
+        mode: str = "mean",
+        include_last_offset: bool = False,
+        padding_idx: int | None = None,
+        dtype: Any = None,
+    ):
+        super().__init__()
+        self.num_embeddings = check_positive_int(num_embeddings, "num_embeddings", "EmbeddingBag")
+        self.embedding_dim = check_positive_int(embedding_dim, "embedding_dim", "EmbeddingBag")
+        if mode not in MODES:
+            raise ValueError(f"EmbeddingBag: mode must be one of {MODES}, got {mode!r}")
+        self.mode = mode
+        self.include_last_offset = bool(include_last_offset)
+        if padding_idx is not None:
+            if not -self.num_embeddings <= padding_idx < self.num_embeddings:
+                raise ValueError(
+                    f"EmbeddingBag: padding_idx {padding_idx} is outside a vocabulary of "
+                    f"{self.num_embeddings}"
+                )
+            padding_idx = int(padding_idx) % self.num_embeddings
+        self.padding_idx = padding_idx
+        dtype = parameter_dtype(dtype, "EmbeddingBag")
+        self.weight = empty_parameter((self.num_embeddings, self.embedding_dim), dtype)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        init.normal_(self.weight)
+        if self.padding_idx is not None:
+            self.weight.data[self.padding_idx] = 0
+
+    def forward(self, input, offsets=None, per_sample_weights=None):  # noqa: A002 - PyTorch's
+        return embedding_bag(
+            input,
+            self.weight,
+            offsets,
+            mode=self.mode,
+            per_sample_weights=per_sample_weights,
+            include_last_offset=self.include_last_offset,
+            padding_idx=self.padding_idx,
+            name=label(self),
+        )
+
+    def extra_repr(self) -> str:
+        text = f"{self.num_embeddings}, {self.embedding_dim}, mode={self.mode!r}"
+        if self.include_last_offset:
+            text += ", include_last_offset=True"
         return text if self.padding_idx is None else text + f", padding_idx={self.padding_idx}"

@@ -1,0 +1,251 @@
+"""Embedding bags: the sum, mean or max of the embedding rows of each bag of indices.
+
+One fused op instead of ``embedding`` followed by a reduction, because the per-index rows
+``(M, D)`` need not be kept for the backward pass of ``sum`` and ``mean``: the gradient of
+an index's row is its bag's output gradient (scaled), added into the weight gradient.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from bigdl_py import backend
+from bigdl_py.autograd.function import Function
+
+MODES = ("sum", "mean", "max")
+
+
+class EmbeddingBag(Function):
+    """Reduce the rows ``weight[indices]`` over bags given by ``bag_of`` (one bag per index).
+
+    Inputs: ``weight (V, D)`` and, optionally, ``per_sample_weights (M,)`` (mode ``sum``
+    only). Options: ``indices (M,)`` and ``bag_of (M,)`` integer arrays with ``bag_of``
+    non-decreasing (each bag a contiguous run), ``bag_count`` and ``mode``. Entries equal to
+    ``padding_idx`` take no part. Output ``(bag_count, D)``; an empty bag gives zeros.
+    """
+
+    def forward(
+        self,
+        weight,
+        per_sample_weights=None,
+        indices=None,
+        bag_of=None,
+        bag_count=0,
+        mode="mean",
+        padding_idx=None,
+    ):
+        xp = backend.array_module(weight)
+        device = backend.device_of(weight)
+        indices = backend.to_device(indices, device)
+        bag_of = backend.to_device(bag_of, device)
+        if padding_idx is not None:
+            keep = indices != padding_idx
+            indices, bag_of = indices[keep], bag_of[keep]
+            if per_sample_weights is not None:
+                per_sample_weights = per_sample_weights[keep]
+            self.keep = keep
+        self.mode, self.weight_shape, self.bag_count = mode, weight.shape, bag_count
+        rows = xp.take(weight, indices, axis=0)
+        if mode == "max":
+            return self._max_forward(xp, rows, indices, bag_of)
+        if per_sample_weights is not None:
+            rows *= per_sample_weights[:, None]
+        output = xp.zeros((bag_count, weight.shape[1]), dtype=weight.dtype)
+        backend.scatter_add(output, bag_of, rows)
+        scale = None
+        if mode == "mean":
+            counts = xp.bincount(bag_of, minlength=bag_count)
+            # An empty bag stays zero instead of 0 / 0.
+            scale = (1.0 / xp.maximum(counts, 1)).astype(weight.dtype)
+            output *= scale[:, None]
+        self.save_for_backward(indices, bag_of, scale, per_sample_weights, weight)
+        return output
+
+    def _max_forward(self, xp, rows, indices, bag_of):
+        """Per bag and feature, the largest row value; the first of equal maxima wins."""
+        dtype, size = rows.dtype, rows.shape[1]
+        starts = xp.searchsorted(bag_of, xp.arange(self.bag_count))
+        positions = xp.arange(bag_of.shape[0]) - starts[bag_of]
+        longest = int(positions.max()) + 1 if positions.size else 1
+        # A dense (bags, longest, D) block padded with -inf: argmax over it finds each
+        # winner, and an empty bag is a row of -inf, set to zero below.
+        dense = xp.full((self.bag_count, longest, size), -xp.inf, dtype=dtype)
+        dense[bag_of, positions] = rows
+        winner = dense.argmax(axis=1)  # (bags, D): the position in the bag
+        output = xp.take_along_axis(dense, winner[:, None, :], axis=1)[:, 0]
+        empty = ~xp.isfinite(output)
+        output[empty] = 0
+        # The vocabulary row that won each (bag, feature); -1 marks an empty bag.
+        winning_entry = xp.minimum(starts[:, None] + winner, max(indices.shape[0] - 1, 0))
+        winning_row = indices[winning_entry] if indices.size else xp.zeros_like(winner)
+        winning_row[empty] = -1
+        self.save_for_backward(winning_row)
+        return output
+
+    def backward(self, grad):
+        xp = backend.array_module(grad)
+        vocabulary, size = self.weight_shape
+        grad_weight = xp.zeros(self.weight_shape, dtype=grad.dtype)
+        if self.mode == "max":
+            (winning_row,) = self.saved
+            filled = winning_row >= 0
+            features = xp.broadcast_to(xp.arange(size), winning_row.shape)
+            backend.scatter_add(
+                grad_weight.reshape(-1),
+                (winning_row * size + features)[filled],
+                grad[filled],
+            )
+            return grad_weight, None
+        indices, bag_of, scale, per_sample_weights, weight = self.saved
+        entry_grad = grad[bag_of]  # (M, D): each index's bag gradient
+        if scale is not None:
+            entry_grad *= scale[bag_of, None]
+        grad_samples = None
+        if per_sample_weights is not None:
+            if self.needs_input_grad[1]:
+                kept = (entry_grad * xp.take(weight, indices, axis=0)).sum(axis=1)
+                grad_samples = self._expand(xp, kept)
+            entry_grad *= per_sample_weights[:, None]
+        backend.scatter_add(grad_weight, indices, entry_grad)
+        return grad_weight, grad_samples
+
+    def _expand(self, xp, kept_values):
+        """Per-index values of the kept entries, with zeros at the padding entries."""
+        if not hasattr(self, "keep"):
+            return kept_values
+        full = xp.zeros(self.keep.shape, dtype=kept_values.dtype)
+        full[self.keep] = kept_values
+        return full
+
+    def _release_extra(self) -> None:
+        self.__dict__.pop("keep", None)
+
+
+def embedding_bag(
+    indices,
+    weight,
+    offsets=None,
+    mode: str = "mean",
+    per_sample_weights=None,
+    include_last_offset: bool = False,
+    padding_idx: int | None = None,
+    name: str = "embedding_bag",
+):
+    """Sum, mean or max of the rows of ``weight (V, D)`` over each bag of ``indices``.
+
+    Parameters
+    ----------
+    indices : Tensor or array of int
+        ``(B, L)``: ``B`` bags of ``L`` indices each; or ``(M,)`` with ``offsets``.
+    weight : Tensor
+        The embedding table ``(V, D)``.
+    offsets : Tensor or array of int, optional
+        With 1-d ``indices`` only: where each bag starts, ``(B,)`` beginning with 0 and
+        non-decreasing; with ``include_last_offset``, ``(B + 1,)`` whose last entry is the
+        number of indices (CSR layout).
+    mode : {"sum", "mean", "max"}
+    per_sample_weights : Tensor, optional
+        Shaped like ``indices``: each row is scaled by its weight before summing (mode
+        ``sum`` only); it receives a gradient too.
+    include_last_offset : bool
+    padding_idx : int, optional
+        Entries equal to it are left out of their bag (and out of the mean's count).
+    name : str
+        How errors name the caller (a layer passes its label).
+
+    Returns
+    -------
+    Tensor
+        ``(B, D)``; an empty bag gives zeros.
+
+    Raises
+    ------
+    ValueError, TypeError, IndexError
+        Naming the bad argument: mode, shapes, offsets, an index outside the vocabulary.
+    """
+    from bigdl_py.autograd.tensor import Tensor
+
+    if mode not in MODES:
+        raise ValueError(f"{name}: mode must be one of {MODES}, got {mode!r}")
+    index_array = backend.as_numpy(indices.data if isinstance(indices, Tensor) else indices)
+    index_array = _integer_array(index_array, "indices", name)
+    vocabulary = weight.shape[0]
+    if index_array.ndim == 2:
+        if offsets is not None:
+            raise ValueError(
+                f"{name}: offsets must be None with 2-d indices {index_array.shape} (each row "
+                "is a bag)"
+            )
+        bag_count, length = index_array.shape
+        bag_of = np.repeat(np.arange(bag_count), length)
+    elif index_array.ndim == 1:
+        if offsets is None:
+            raise ValueError(
+                f"{name}: 1-d indices {index_array.shape} need offsets (where each bag starts)"
+            )
+        bag_of, bag_count = _bags_from_offsets(
+            offsets, index_array.shape[0], include_last_offset, name
+        )
+    else:
+        raise ValueError(
+            f"{name}: indices must be (B, L), or (M,) with offsets, got shape {index_array.shape}"
+        )
+    flat = index_array.reshape(-1)
+    if flat.size and (flat.min() < 0 or flat.max() >= vocabulary):
+        raise IndexError(
+            f"{name}: indices must be in [0, {vocabulary - 1}] for a vocabulary of "
+            f"{vocabulary} rows, got min {int(flat.min())} and max {int(flat.max())}"
+        )
+    inputs = [weight]
+    if per_sample_weights is not None:
+        if mode != "sum":
+            raise ValueError(
+                f"{name}: per_sample_weights work only with mode='sum', not mode={mode!r}"
+            )
+        shape = tuple(per_sample_weights.shape)
+        if shape != index_array.shape:
+            raise ValueError(
+                f"{name}: per_sample_weights must have the shape of indices "
+                f"{index_array.shape}, got {shape}"
+            )
+        inputs.append(per_sample_weights.reshape(-1))
+    return EmbeddingBag.apply(
+        *inputs,
+        indices=flat,
+        bag_of=bag_of,
+        bag_count=bag_count,
+        mode=mode,
+        padding_idx=padding_idx,
+    )
+
+
+def _integer_array(array, what: str, name: str):
+    if array.dtype.kind not in "iu":
+        raise TypeError(f"{name}: {what} must be integers, got dtype {array.dtype}")
+    return array.astype(np.int64, copy=False)
+
+
+def _bags_from_offsets(offsets, total: int, include_last_offset: bool, name: str):
+    """``(bag_of, bag_count)``: the bag of each index, from the bags' starts."""
+    from bigdl_py.autograd.tensor import Tensor
+
+    starts = backend.as_numpy(offsets.data if isinstance(offsets, Tensor) else offsets)
+    starts = _integer_array(starts, "offsets", name)
+    if starts.ndim != 1 or starts.shape[0] < (2 if include_last_offset else 1):
+        least = "2 entries (include_last_offset)" if include_last_offset else "1 entry"
+        raise ValueError(f"{name}: offsets must be 1-d with at least {least}, got {starts.shape}")
+    ends = starts[1:] if include_last_offset else np.append(starts[1:], total)
+    starts = starts[:-1] if include_last_offset else starts
+    if starts[0] != 0 or np.any(ends < starts) or ends[-1] > total:
+        raise ValueError(
+            f"{name}: offsets must start at 0, never decrease and stay within the {total} "
+            f"indices, got {starts.tolist() + ([int(ends[-1])] if include_last_offset else [])}"
+        )
+    if include_last_offset and ends[-1] != total:
+        # PyTorch's contract (CSR layout); PyTorch itself, given a shorter last offset,
+        # sums the last bag to that offset but divides its mean by the count to the end.
+        raise ValueError(
+            f"{name}: with include_last_offset the last offset must equal the number of "
+            f"indices, {total}, got {int(ends[-1])}"
+        )
+    return np.repeat(np.arange(starts.shape[0]), ends - starts), int(starts.shape[0])
