@@ -9,7 +9,7 @@ import pytest
 import test_layers_parity as parity
 from layer_checks import check_save_load_round_trip
 
-from bigdl_py import nn
+from bigdl_py import backend, nn
 from bigdl_py.autograd import Tensor, ops
 
 F64 = np.float64
@@ -63,6 +63,13 @@ def test_layer_gradients_match_finite_differences(make_ours, make_theirs, specs)
 @pytest.mark.parametrize("make_ours, make_theirs, specs", CASE_PARAMS)
 def test_layer_matches_pytorch(torch, make_ours, make_theirs, specs):
     parity.test_layer_matches_pytorch(torch, make_ours, make_theirs, specs)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not backend.cuda_available(), reason="needs CuPy and a CUDA device")
+@pytest.mark.parametrize("make_ours, make_theirs, specs", CASE_PARAMS)
+def test_layer_on_cuda_matches_cpu(make_ours, make_theirs, specs):
+    parity.test_layer_on_cuda_matches_cpu(make_ours, make_theirs, specs)
 
 
 @pytest.mark.parametrize("make_ours, make_theirs, specs", CASE_PARAMS)

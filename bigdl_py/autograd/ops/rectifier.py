@@ -131,27 +131,27 @@ class Hardswish(Function):
 
 
 class PReLU(Function):
-    """``x`` where positive, ``weight * x`` elsewhere; ``weight`` is per channel (axis 1)."""
+    """``x`` where positive, ``weight * x`` elsewhere; ``weight`` is shared or per channel
+    (axis 1)."""
 
     def forward(self, x, weight):
         _check_floating(x, "prelu")
         xp = backend.array_module(x)
         if weight.ndim != 1:
             raise ValueError(f"prelu: weight must be 1-d, got shape {tuple(weight.shape)}")
-        channel_axis = 1 if x.ndim >= 2 else 0
-        if weight.size != 1 and (x.ndim == 0 or x.shape[channel_axis] != weight.size):
+        # As in PyTorch, input of fewer than 2 axes has a single channel.
+        channels = x.shape[1] if x.ndim >= 2 else 1
+        if weight.size not in (1, channels):
             raise ValueError(
                 f"prelu: weight has {weight.size} values but the input of shape "
-                f"{tuple(x.shape)} has {x.shape[channel_axis] if x.ndim else 0} channels on "
-                f"axis {channel_axis}"
+                f"{tuple(x.shape)} has {channels} channels (axis 1)"
             )
         slope_shape = [1] * x.ndim
         if weight.size != 1:
-            slope_shape[channel_axis] = weight.size
+            slope_shape[1] = weight.size
         slope = weight.reshape(slope_shape)
         positive = x > 0
         self.save_for_backward(x, positive, slope)
-        self.channel_axis = channel_axis
         self.weight_shape = weight.shape
         return xp.where(positive, x, slope * x)
 
@@ -166,7 +166,7 @@ class PReLU(Function):
             if self.weight_shape[0] == 1:
                 grad_weight = contribution.sum().reshape(self.weight_shape)
             else:
-                axes = tuple(a for a in range(x.ndim) if a != self.channel_axis)
+                axes = tuple(a for a in range(x.ndim) if a != 1)
                 grad_weight = contribution.sum(axis=axes)
         return grad_x, grad_weight
 
@@ -224,7 +224,7 @@ def prelu(x, weight):
     Parameters
     ----------
     x : Tensor
-        Input; its channels are axis 1 (axis 0 for 1-d input).
+        Input; its channels are axis 1 (input of fewer axes has one channel).
     weight : Tensor
         Shape ``(1,)`` (one slope shared by all channels) or ``(C,)`` (one per channel).
     """

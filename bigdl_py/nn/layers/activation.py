@@ -240,7 +240,7 @@ class PReLU(Module):
     ----------
     num_parameters : int
         1 (one slope shared by every channel, the default) or the number of channels ``C``
-        of the input (axis 1; axis 0 of 1-d input).
+        of the input (axis 1).
     init : float
         Initial slope (default 0.25).
     dtype : dtype or str, optional
@@ -260,13 +260,13 @@ class PReLU(Module):
 
     def forward(self, x):
         shape = shape_of(x)
-        if self.num_parameters > 1:
-            channel_axis = 1 if len(shape) >= 2 else 0
-            if not shape or shape[channel_axis] != self.num_parameters:
-                raise ValueError(
-                    f"{label(self)}: expects {self.num_parameters} channels on axis "
-                    f"{channel_axis}, got input of shape {shape}"
-                )
+        # As in PyTorch, input of fewer than 2 axes has a single channel.
+        channels = shape[1] if len(shape) >= 2 else 1
+        if self.num_parameters not in (1, channels):
+            raise ValueError(
+                f"{label(self)}: expects {self.num_parameters} channels on axis 1, got input "
+                f"of shape {shape}"
+            )
         return ops.prelu(x, self.weight)
 
     def extra_repr(self) -> str:
