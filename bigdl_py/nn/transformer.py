@@ -168,9 +168,19 @@ class TransformerEncoder(Module):
         How many layers to stack.
     norm : Module, optional
         Applied to the last layer's output (e.g. a ``LayerNorm`` with ``norm_first`` layers).
+    enable_nested_tensor, mask_check : bool
+        Accepted so PyTorch code runs unchanged; they steer PyTorch's inference fast path,
+        which has no counterpart here, and change no result.
     """
 
-    def __init__(self, encoder_layer: Module, num_layers: int, norm: Module | None = None):
+    def __init__(
+        self,
+        encoder_layer: Module,
+        num_layers: int,
+        norm: Module | None = None,
+        enable_nested_tensor: bool = True,
+        mask_check: bool = True,
+    ):
         super().__init__()
         if not isinstance(encoder_layer, Module):
             raise TypeError(

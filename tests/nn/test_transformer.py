@@ -138,6 +138,8 @@ def test_encoder_layers_are_independent_copies_of_the_given_layer():
     assert len(ids) == 3 * len(list(layer.parameters()))
     assert not ids & {id(p) for p in layer.parameters()}
     assert encoder.norm is None
+    # PyTorch's fast-path switches are accepted, so PyTorch code runs unchanged.
+    assert len(nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).layers) == 2
 
 
 def test_is_causal_equals_the_explicit_mask():
