@@ -39,6 +39,20 @@ CASES = [
     ("sum_padding", {"mode": "sum", "padding_idx": 2}, FLAT, OFFSETS, False),
     ("mean_padding", {"padding_idx": 2}, FLAT, OFFSETS, False),
     ("max_padding", {"mode": "max", "padding_idx": 6}, ROWS, None, False),
+    (
+        "mean_padding_empties_a_bag",
+        {"padding_idx": 2},
+        np.array([[1, 3, 1], [2, 2, 2], [4, 2, 0]]),
+        None,
+        False,
+    ),
+    (
+        "max_padding_empties_a_bag",
+        {"mode": "max", "padding_idx": 2},
+        np.array([[1, 3, 1], [2, 2, 2], [4, 2, 0]]),
+        None,
+        False,
+    ),
     ("sum_per_sample_weights", {"mode": "sum"}, FLAT, OFFSETS, True),
     ("sum_per_sample_weights_2d", {"mode": "sum"}, ROWS, None, True),
     (

@@ -50,8 +50,7 @@ class EmbeddingBag(Function):
             return self._max_forward(xp, rows, indices, bag_of)
         if per_sample_weights is not None:
             rows *= per_sample_weights[:, None]
-        output = xp.zeros((bag_count, weight.shape[1]), dtype=weight.dtype)
-        backend.scatter_add(output, bag_of, rows)
+        output = _bag_sums(xp, rows, bag_of, bag_count)
         scale = None
         if mode == "mean":
             counts = xp.bincount(bag_of, minlength=bag_count)
@@ -119,6 +118,18 @@ class EmbeddingBag(Function):
 
     def _release_extra(self) -> None:
         self.__dict__.pop("keep", None)
+
+
+def _bag_sums(xp, rows, bag_of, bag_count: int):
+    """``(bag_count, D)`` sums of the rows of each bag (bags are contiguous runs)."""
+    output = xp.zeros((bag_count, rows.shape[1]), dtype=rows.dtype)
+    if xp is not np or not rows.shape[0]:
+        backend.scatter_add(output, bag_of, rows)
+        return output
+    # On the host one reduceat over the runs beats np.add.at (4x on 20k rows of 64).
+    starts = np.flatnonzero(np.r_[True, bag_of[1:] != bag_of[:-1]])
+    output[bag_of[starts]] = np.add.reduceat(rows, starts, axis=0)
+    return output
 
 
 def embedding_bag(
