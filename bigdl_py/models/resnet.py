@@ -102,14 +102,14 @@ class ResNet(nn.Module):
             setattr(self, f"layer{stage + 1}", nn.Sequential(*layers))
             channels = width
         self.stage_count = len(widths)
+        self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
         self.fc = nn.Linear(channels, num_classes)
 
     def forward(self, x):
         x = self.relu(self.bn1(self.conv1(x)))
         for stage in range(self.stage_count):
             x = getattr(self, f"layer{stage + 1}")(x)
-        # Global average pool: the mean over H and W, (N, C, H, W) -> (N, C).
-        return self.fc(x.mean(axis=(2, 3)))
+        return self.fc(self.avgpool(x).flatten(1))
 
 
 # Known to bigdl_py.nn.save/load by name (the safe format names classes, never pickles them).
