@@ -21,9 +21,8 @@ warm-up, and the ratio bigdl_py / torch.
 
 Peak memory is the most memory allocated during one step above what was allocated when it
 began (parameters, gradients, velocities and the batch live between steps in both): for
-bigdl_py the peak of NumPy's allocations traced by ``tracemalloc`` (conv2d's cached im2col
-buffers are dropped first, so the step allocates and counts them); for PyTorch the peak of
-its CPU allocator's "Total Allocated" in a ``torch.profiler`` trace with
+bigdl_py the peak of NumPy's allocations traced by ``tracemalloc`` (in every thread); for
+PyTorch the peak of its CPU allocator's "Total Allocated" in a ``torch.profiler`` trace with
 ``profile_memory=True``. Neither counts BLAS scratch space.
 
 Part 2, the training loop (``--loop-iterations``): LeNet-5 trained for one epoch by
@@ -53,7 +52,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bigdl_py import backend, nn  # noqa: E402
 from bigdl_py.autograd import Tensor  # noqa: E402
-from bigdl_py.autograd.ops import conv  # noqa: E402
 from bigdl_py.data import ArrayDataset  # noqa: E402
 from bigdl_py.optim import SGD, FlatParameters  # noqa: E402
 
@@ -166,7 +164,6 @@ class TorchStep:
 
 def bigdl_peak_memory(step: Callable) -> int:
     """Peak bytes NumPy allocated during one step above the allocations at its start."""
-    conv.column_buffers.clear()
     tracemalloc.start()
     try:
         start, _ = tracemalloc.get_traced_memory()

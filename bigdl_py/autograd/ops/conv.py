@@ -1,90 +1,28 @@
-"""2-d convolution as im2col plus one GEMM per group, and the window helpers pooling shares.
+"""2-d convolution as im2col plus GEMMs, tile by tile over the batch; the window helpers
+pooling shares.
 
-Layout: the columns are ``(C*KH*KW, N*OH*OW)``, the whole batch side by side, so each of
-the forward, the weight gradient and the input gradient is ONE matrix product per group
-(one for an ungrouped convolution) however large the batch. The price is a transpose copy
-of the output and of its gradient between ``(N, O, ...)`` and ``(O, N, ...)``, small next
-to the columns (``O`` rows against ``C*KH*KW``).
+A tile is a few samples (``conv_tiles.py`` says why and how they are shared out among
+threads). For each tile the columns are ``(C*KH*KW, T*OH*OW)``, the tile's samples side by
+side, so each product is one GEMM per group of a size OpenBLAS runs well, on data still in
+cache from the im2col copy that wrote it.
 
-Why not one product per sample, ``weight (O, K) @ columns (N, K, L)``, which needs no
-transposes? NumPy runs a stacked matmul as N separate BLAS calls, and with two BLAS threads
-each call ends in a barrier between the threads. On the shared 2-core bench machine a
-barrier often waits for a descheduled thread: the CIFAR CNN of ``bench/engine.py`` took
-14x longer per step at 2 threads than at 1 with 64 per-sample calls per product, against
-about 2x with one call (``bench/RESULTS.md``). At one thread the two layouts ran alike.
-
-Backward:
-
-* ``dW = grad (O, N*L) @ columns^T``, a long reduction into a small result, computed with
-  the taller of its two sides as rows (see ``_weight_gradient``).
-* ``dx`` for stride 1: a convolution of the zero-padded output gradient with the flipped,
-  channel-swapped kernel (the transposed convolution), again im2col plus one GEMM whose
-  inner dimension is ``O*KH*KW``. When it would move more memory than ``col2im`` (large
-  kernels on small outputs, as in LeNet's second layer), or for strides > 1, ``dx`` is
-  ``weight^T @ grad`` scattered back by ``col2im``, which loops only over the ``KH*KW``
-  kernel offsets.
-
-The forward columns are kept for ``dW`` (as Chainer's im2col convolution does): recomputing
-them would cost another im2col per layer per step. Their buffers are reused from step to
-step (``column_buffers``), which halves the cost of im2col on the CPU.
+* Forward: ``out = weight (O, C*KH*KW) @ columns``, stored into NCHW with the bias added in
+  the same pass (``convolve``).
+* Weight gradient: ``grad (O, T*L) @ columns^T``, summed over the tiles. The columns are
+  recomputed from the input rather than kept from the forward: keeping them for the whole
+  batch was 9x the input (75 MB for the CIFAR CNN's second layer, 8x PyTorch's peak memory
+  for the step), and recomputing a tile's columns costs one in-cache copy.
+* Input gradient (``transposed_convolution``, also ConvTranspose2d's forward): for stride 1,
+  a convolution of the zero-padded output gradient with the flipped, channel-swapped kernel;
+  otherwise (or when it moves less memory) ``weight^T @ grad`` scattered back by ``col2im``,
+  which loops only over the ``KH*KW`` kernel offsets.
 """
 
 from __future__ import annotations
 
-import threading
-
 from bigdl_py import backend
 from bigdl_py.autograd.function import Function
-
-
-class _ColumnBuffers:
-    """Reuse the large im2col buffers of one step in the next, on the CPU.
-
-    A fresh array of tens of MB costs about as much in page faults as the im2col copy into
-    it (the C allocator returns large blocks to the OS when they are freed, so every step
-    faults them in again): 6 ms of the 12 ms im2col of a 75 MB column matrix on the bench
-    machine. Buffers come back when the op that took them is done with them (the forward
-    columns after backward, the input-gradient columns at once). CuPy has its own pool.
-    """
-
-    def __init__(self, max_bytes: int = 1 << 30):
-        self.max_bytes = max_bytes
-        self._free: dict[tuple, list] = {}
-        self._cached_bytes = 0
-        self._lock = threading.Lock()
-
-    def take(self, xp, shape: tuple, dtype):
-        """An uninitialised array of ``shape``: a cached one when available."""
-        if xp.__name__ != "numpy":
-            return xp.empty(shape, dtype=dtype)
-        size = 1
-        for extent in shape:
-            size *= extent
-        with self._lock:
-            cached = self._free.get((size, xp.dtype(dtype).str))
-            if cached:
-                array = cached.pop()
-                self._cached_bytes -= array.nbytes
-                return array.reshape(shape)
-        return xp.empty(shape, dtype=dtype)
-
-    def give_back(self, array) -> None:
-        """Keep ``array`` for reuse; the caller must hold no other reference to it."""
-        if backend.is_cupy_array(array):
-            return
-        with self._lock:
-            if self._cached_bytes + array.nbytes > self.max_bytes:
-                return
-            self._free.setdefault((array.size, array.dtype.str), []).append(array)
-            self._cached_bytes += array.nbytes
-
-    def clear(self) -> None:
-        with self._lock:
-            self._free.clear()
-            self._cached_bytes = 0
-
-
-column_buffers = _ColumnBuffers()
+from bigdl_py.autograd.ops.conv_tiles import for_each_tile, scratch_array, tile_size, worker_count
 
 
 def pair(value, name: str, op_name: str) -> tuple[int, int]:
@@ -133,18 +71,40 @@ def offset_slices(
     )
 
 
-def _im2col(padded, kernel, stride, dilation, out_hw, groups: int):
-    """Copy the windows of ``padded (N, C, Hp, Wp)`` to columns ``(groups, C/g*KH*KW, N*L)``.
+def _padded_tile(source, start, stop, before, padded_hw, scratch, name):
+    """``source[start:stop]`` placed ``before`` rows/columns into a zero ``padded_hw`` frame.
 
-    The strided view is ``(C, KH, KW, N, OH, OW)``: the copy reads whole output rows of the
+    Rows and columns of the source that fall beyond the frame are dropped (a transposed
+    convolution's backward uses that to skip rows no window reaches). The frame is a
+    per-thread buffer zeroed once per op: every tile writes the same interior, so the border
+    stays zero.
+    """
+    if before == (0, 0) and tuple(source.shape[2:]) == tuple(padded_hw):
+        return source[start:stop]
+    xp = backend.array_module(source)
+    channels, height, width = source.shape[1:]
+    shape = (stop - start, channels) + tuple(padded_hw)
+    frame = scratch_array(scratch, name, shape, source.dtype, xp, zeroed=True)
+    height = min(height, padded_hw[0] - before[0])
+    width = min(width, padded_hw[1] - before[1])
+    frame[:, :, before[0] : before[0] + height, before[1] : before[1] + width] = source[
+        start:stop, :, :height, :width
+    ]
+    return frame
+
+
+def _columns_tile(padded, kernel, stride, dilation, out_hw, groups, scratch, name):
+    """Copy the windows of ``padded (T, C, Hp, Wp)`` to columns ``(groups, C/g*KH*KW, T*L)``.
+
+    The strided view is ``(C, KH, KW, T, OH, OW)``: the copy reads whole output rows of the
     input (contiguous for stride 1) and writes the columns in order.
     """
     xp = backend.array_module(padded)
-    batch, channels = padded.shape[:2]
+    tile, channels = padded.shape[:2]
     stride_n, stride_c, stride_h, stride_w = padded.strides
     windows = xp.lib.stride_tricks.as_strided(
         padded,
-        shape=(channels, kernel[0], kernel[1], batch, out_hw[0], out_hw[1]),
+        shape=(channels, kernel[0], kernel[1], tile, out_hw[0], out_hw[1]),
         strides=(
             stride_c,
             stride_h * dilation[0],
@@ -154,51 +114,124 @@ def _im2col(padded, kernel, stride, dilation, out_hw, groups: int):
             stride_w * stride[1],
         ),
     )
-    columns = column_buffers.take(xp, windows.shape, padded.dtype)
+    columns = scratch_array(scratch, name, windows.shape, padded.dtype, xp)
     columns[...] = windows
-    return columns.reshape(groups, -1, batch * out_hw[0] * out_hw[1])
+    return columns.reshape(groups, -1, tile * out_hw[0] * out_hw[1])
 
 
-def _convolve(padded, weight, stride, dilation, groups: int, bias=None):
-    """Cross-correlate a padded input with ``weight`` (plus ``bias``).
+def _channels_first_tile(array, start, stop, groups, scratch, name):
+    """``array[start:stop] (T, O, H, W) -> (g, O/g, T*H*W)``, as the columns lay samples out."""
+    xp = backend.array_module(array)
+    tile = array[start:stop]
+    buffer = scratch_array(
+        scratch, name, (tile.shape[1], tile.shape[0]) + tile.shape[2:], tile.dtype, xp
+    )
+    buffer[...] = xp.swapaxes(tile, 0, 1)
+    return buffer.reshape(groups, array.shape[1] // groups, -1)
 
-    Returns ``(output, columns)``: the output contiguous in ``(N, O, OH, OW)``, the
-    columns ``(groups, C/g*KH*KW, N*OH*OW)``.
-    """
-    xp = backend.array_module(padded)
-    batch = padded.shape[0]
+
+def _store_tile(product, out, start, stop, bias=None) -> None:
+    """Write a tile's ``(g, O/g, T*L)`` product into ``out[start:stop]`` (NCHW), plus ``bias``."""
+    xp = backend.array_module(out)
+    channels, (height, width) = out.shape[1], out.shape[2:]
+    samples = product.reshape(channels, stop - start, height, width).transpose(1, 0, 2, 3)
+    if bias is None:
+        out[start:stop] = samples
+    else:
+        xp.add(samples, bias.reshape(1, -1, 1, 1), out=out[start:stop])
+
+
+def _tiles(batch, bytes_per_sample, array):
+    """Samples per tile and whether the arrays live on a GPU."""
+    on_gpu = backend.is_cupy_array(array)
+    return tile_size(batch, bytes_per_sample, worker_count(), on_gpu), on_gpu
+
+
+def convolve(x, weight, stride, before, padded_hw, dilation, groups: int, bias=None):
+    """Cross-correlate ``x (N, C, H, W)``, zero-padded into a ``padded_hw`` frame ``before``
+    rows/columns in, with ``weight (O, C/g, KH, KW)``; add ``bias``. Returns NCHW."""
+    xp = backend.array_module(x)
+    batch = x.shape[0]
     out_channels, _, kernel_h, kernel_w = weight.shape
     out_hw = (
-        output_size(padded.shape[2], kernel_h, stride[0], 0, dilation[0]),
-        output_size(padded.shape[3], kernel_w, stride[1], 0, dilation[1]),
+        output_size(padded_hw[0], kernel_h, stride[0], 0, dilation[0]),
+        output_size(padded_hw[1], kernel_w, stride[1], 0, dilation[1]),
     )
-    columns = _im2col(padded, (kernel_h, kernel_w), stride, dilation, out_hw, groups)
+    output = xp.empty((batch, out_channels) + out_hw, dtype=x.dtype)
     grouped_weight = weight.reshape(groups, out_channels // groups, -1)
-    product = xp.matmul(grouped_weight, columns)  # (g, O/g, N*L): one GEMM per group
-    channels_first = product.reshape(out_channels, batch, out_hw[0], out_hw[1])
-    output = xp.empty((batch, out_channels) + out_hw, dtype=product.dtype)
-    # The transpose to NCHW is one copy; adding the bias in that same pass saves another.
-    if bias is None:
-        output[...] = channels_first.transpose(1, 0, 2, 3)
-    else:
-        xp.add(channels_first.transpose(1, 0, 2, 3), bias.reshape(1, -1, 1, 1), out=output)
-    return output, columns
+    rows = grouped_weight.shape[2] * groups
+    size, on_gpu = _tiles(batch, rows * out_hw[0] * out_hw[1] * x.itemsize, x)
+
+    def work(start, stop, scratch):
+        padded = _padded_tile(x, start, stop, before, padded_hw, scratch, "input")
+        columns = _columns_tile(
+            padded, (kernel_h, kernel_w), stride, dilation, out_hw, groups, scratch, "columns"
+        )
+        product = scratch_array(
+            scratch, "product", (groups, out_channels // groups, columns.shape[2]), x.dtype, xp
+        )
+        xp.matmul(grouped_weight, columns, out=product)  # (g, O/g, T*L): one GEMM per group
+        _store_tile(product, output, start, stop, bias)
+
+    for_each_tile(batch, size, work, on_gpu)
+    return output
 
 
 def _weight_gradient(columns, grouped_grad):
-    """``grad (g, O/g, N*L) @ columns^T (g, N*L, K)``, computed with the taller side as rows.
+    """``grad (g, O/g, T*L) @ columns^T (g, T*L, K)``, computed with the taller side as rows.
 
-    The reduction runs over the whole batch (N*L is tens of thousands) into a small
-    ``(O/g, K)`` result. Multi-threaded OpenBLAS synchronises its threads once per block of
-    that reduction, and on a loaded machine these waits grew 100-400x when the result's
-    row count was the smaller side: 1.6 s instead of 4 ms for the CIFAR CNN's first layer
-    (27 x 32 result) at 2 threads, 420 ms instead of 24 ms for its last (576 x 64).
+    A long reduction into a small ``(O/g, K)`` result; OpenBLAS ran it faster (and, when it
+    was multi-threaded, with far fewer waits between its threads) with the taller of the
+    two sides as the result's rows.
     """
     xp = backend.array_module(columns)
     if columns.shape[1] >= grouped_grad.shape[1]:
         transposed = xp.matmul(columns, xp.swapaxes(grouped_grad, -1, -2))  # (g, K, O/g)
         return xp.swapaxes(transposed, -1, -2)
     return xp.matmul(grouped_grad, xp.swapaxes(columns, -1, -2))  # (g, O/g, K)
+
+
+def convolution_weight_gradient(
+    x, grad, weight_shape, stride, before, padded_hw, dilation, groups: int, with_bias=False
+):
+    """Gradient of ``convolve``'s weight (and bias when ``with_bias``) given the output's
+    gradient ``grad (N, O, OH, OW)``: ``(weight_grad, bias_grad or None)``."""
+    xp = backend.array_module(x)
+    batch = x.shape[0]
+    out_channels, in_per_group, kernel_h, kernel_w = weight_shape
+    out_hw = grad.shape[2:]
+    rows = in_per_group * groups * kernel_h * kernel_w
+    size, on_gpu = _tiles(batch, rows * out_hw[0] * out_hw[1] * x.itemsize, x)
+
+    def work(start, stop, scratch):
+        grouped_grad = _channels_first_tile(grad, start, stop, groups, scratch, "grad")
+        padded = _padded_tile(x, start, stop, before, padded_hw, scratch, "input")
+        columns = _columns_tile(
+            padded, (kernel_h, kernel_w), stride, dilation, out_hw, groups, scratch, "columns"
+        )
+        partial = _weight_gradient(columns, grouped_grad)
+        if "weight" in scratch:
+            scratch["weight"] += partial
+        else:
+            scratch["weight"] = xp.array(partial)  # a copy: partial may be a view
+        if with_bias:
+            sums = grouped_grad.sum(axis=-1)
+            if "bias" in scratch:
+                scratch["bias"] += sums
+            else:
+                scratch["bias"] = sums
+
+    # A thread that found no tile left has an empty scratch.
+    parts = [scratch for scratch in for_each_tile(batch, size, work, on_gpu) if scratch]
+    weight_grad = parts[0]["weight"]
+    bias_grad = parts[0].get("bias")
+    for part in parts[1:]:
+        weight_grad += part["weight"]
+        if with_bias:
+            bias_grad += part["bias"]
+    if bias_grad is not None:
+        bias_grad = bias_grad.reshape(-1)
+    return weight_grad.reshape(weight_shape), bias_grad
 
 
 def _check_conv_shapes(x, weight, bias, padding, dilation, groups: int) -> None:
@@ -237,10 +270,101 @@ def _check_conv_shapes(x, weight, bias, padding, dilation, groups: int) -> None:
         raise ValueError(f"conv2d: bias must have shape ({out_channels},), got {tuple(bias.shape)}")
 
 
-class Conv2d(Function):
-    """2-d cross-correlation over NCHW input, with groups, stride, padding and dilation."""
+def transposed_convolution(grad, weight, geometry, input_hw):
+    """The adjoint of conv2d in its input: ``grad (N, O, OH, OW)`` -> ``(N, C, *input_hw)``.
 
-    _columns = None  # the forward's column buffer, handed back to column_buffers on release
+    This is conv2d's input gradient and ConvTranspose2d's forward. ``geometry`` is conv2d's
+    ``(stride, padding, dilation, groups)``; ``weight`` is conv2d's ``(O, C/g, KH, KW)``.
+    """
+    if _flipped_kernel_is_cheaper(grad.shape, weight.shape, geometry, input_hw):
+        return _by_flipped_kernel(grad, weight, geometry, input_hw)
+    return _by_col2im(grad, weight, geometry, input_hw)
+
+
+def _flipped_kernel_is_cheaper(grad_shape, weight_shape, geometry, input_hw) -> bool:
+    """Stride-1 only; compare the elements each route writes and reads again."""
+    stride, padding, dilation, groups = geometry
+    kernel = weight_shape[2:]
+    if stride != (1, 1):
+        return False
+    if any(dilation[a] * (kernel[a] - 1) < padding[a] for a in (0, 1)):
+        return False  # padding wider than the kernel: the result would need cropping
+    in_channels = weight_shape[1] * groups
+    out_channels, out_h, out_w = grad_shape[1:]
+    # Flipped kernel: columns of O*KH*KW x H*W, written once and read once by the GEMM.
+    # col2im: columns of C*KH*KW x OH*OW, written, read, and added into dx (read+write).
+    return out_channels * input_hw[0] * input_hw[1] * 2 <= in_channels * out_h * out_w * 4
+
+
+def _by_flipped_kernel(grad, weight, geometry, input_hw):
+    """dx = (zero-padded grad) correlated with the flipped kernel, channels swapped.
+
+    The frame is ``input_hw`` plus the kernel's reach, so the output is exactly
+    ``input_hw`` (a transposed convolution's output_padding rows come out of the zeros).
+    """
+    _, padding, dilation, groups = geometry
+    out_channels, in_per_group, kernel_h, kernel_w = weight.shape
+    xp = backend.array_module(weight)
+    # (g, O/g, C/g, KH, KW) -> (g, C/g, O/g, KH, KW): input and output channels swap.
+    flipped = weight[:, :, ::-1, ::-1].reshape(
+        groups, out_channels // groups, in_per_group, kernel_h, kernel_w
+    )
+    swapped = xp.ascontiguousarray(xp.swapaxes(flipped, 1, 2)).reshape(
+        groups * in_per_group, out_channels // groups, kernel_h, kernel_w
+    )
+    reach = (dilation[0] * (kernel_h - 1), dilation[1] * (kernel_w - 1))
+    before = (reach[0] - padding[0], reach[1] - padding[1])
+    padded_hw = (input_hw[0] + reach[0], input_hw[1] + reach[1])
+    return convolve(grad, swapped, (1, 1), before, padded_hw, dilation, groups)
+
+
+def _by_col2im(grad, weight, geometry, input_hw):
+    """dx = weight^T @ grad (one GEMM per group), added back window by window (col2im)."""
+    stride, padding, dilation, groups = geometry
+    xp = backend.array_module(weight)
+    batch, out_hw, (height, width) = grad.shape[0], grad.shape[2:], input_hw
+    out_channels, in_per_group, kernel_h, kernel_w = weight.shape
+    in_channels = in_per_group * groups
+    grouped_weight_t = xp.ascontiguousarray(
+        xp.swapaxes(weight.reshape(groups, out_channels // groups, -1), 1, 2)
+    )
+    padded_h, padded_w = height + 2 * padding[0], width + 2 * padding[1]
+    output = xp.empty((batch, in_channels, height, width), dtype=grad.dtype)
+    rows = in_channels * kernel_h * kernel_w
+    size, on_gpu = _tiles(batch, rows * out_hw[0] * out_hw[1] * grad.itemsize, grad)
+
+    def work(start, stop, scratch):
+        tile = stop - start
+        grouped_grad = _channels_first_tile(grad, start, stop, groups, scratch, "grad")
+        grad_columns = scratch_array(
+            scratch, "columns", (groups, rows // groups, grouped_grad.shape[2]), grad.dtype, xp
+        )
+        xp.matmul(grouped_weight_t, grouped_grad, out=grad_columns)
+        grad_columns = grad_columns.reshape(
+            in_channels, kernel_h, kernel_w, tile, out_hw[0], out_hw[1]
+        )
+        # Summed channel-major, like the columns, so each add reads a contiguous block
+        # (1.4x faster on LeNet's second layer); one transpose copy gives NCHW at the end.
+        frame = scratch_array(
+            scratch, "frame", (in_channels, tile, padded_h, padded_w), grad.dtype, xp
+        )
+        frame[...] = 0
+        for row in range(kernel_h):
+            for col in range(kernel_w):
+                rows_, cols = offset_slices((row * dilation[0], col * dilation[1]), stride, out_hw)
+                frame[:, :, rows_, cols] += grad_columns[:, row, col]
+        inside = frame[:, :, padding[0] : padding[0] + height, padding[1] : padding[1] + width]
+        output[start:stop] = xp.swapaxes(inside, 0, 1)
+
+    for_each_tile(batch, size, work, on_gpu)
+    return output
+
+
+class Conv2d(Function):
+    """2-d cross-correlation over NCHW input, with groups, stride, padding and dilation.
+
+    Keeps only its input and weight for backward (both alive anyway as the op's inputs).
+    """
 
     def forward(self, x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
         stride = pair(stride, "stride", "conv2d")
@@ -252,118 +376,33 @@ class Conv2d(Function):
                 f"{stride}, dilation {dilation}, padding {padding}"
             )
         _check_conv_shapes(x, weight, bias, padding, dilation, groups)
-        padded = pad_spatial(x, padding)
-        output, columns = _convolve(padded, weight, stride, dilation, groups, bias)
-        self.settings = (stride, padding, dilation, groups)
-        self.input_shape = x.shape
+        self.geometry = (stride, padding, dilation, groups)
         self.has_bias = bias is not None
-        self.save_for_backward(columns, weight)
-        self._columns = columns
-        return output
-
-    def _release_extra(self) -> None:
-        # Called once backward is done with the saved columns (or the graph is freed).
-        if self._columns is not None:
-            column_buffers.give_back(self._columns)
-            self._columns = None
+        self.save_for_backward(x, weight)
+        return convolve(x, weight, stride, padding, _padded_hw(x, padding), dilation, groups, bias)
 
     def backward(self, grad):
-        columns, weight = self.saved
-        stride, padding, dilation, groups = self.settings
-        grouped_grad = channels_first(grad, groups)
+        x, weight = self.saved
+        stride, padding, dilation, groups = self.geometry
         grad_x = grad_weight = grad_bias = None
-        if self.needs_input_grad[1]:
-            grad_weight = _weight_gradient(columns, grouped_grad).reshape(weight.shape)
-        if self.has_bias and self.needs_input_grad[2]:
-            grad_bias = grouped_grad.sum(axis=-1).reshape(grad.shape[1])
-        if self.needs_input_grad[0]:
-            geometry = (stride, padding, dilation, groups)
-            grad_x = transposed_convolution(
-                grad, weight, geometry, self.input_shape[2:], grouped_grad
+        if self.needs_input_grad[1] or (self.has_bias and self.needs_input_grad[2]):
+            grad_weight, grad_bias = convolution_weight_gradient(
+                x,
+                grad,
+                weight.shape,
+                stride,
+                padding,
+                _padded_hw(x, padding),
+                dilation,
+                groups,
+                with_bias=self.has_bias and self.needs_input_grad[2],
             )
+            if not self.needs_input_grad[1]:
+                grad_weight = None
+        if self.needs_input_grad[0]:
+            grad_x = transposed_convolution(grad, weight, self.geometry, x.shape[2:])
         return grad_x, grad_weight, grad_bias
 
 
-def channels_first(array, groups: int):
-    """``(N, O, H, W) -> (g, O/g, N*H*W)``: the batch side by side, as in the columns."""
-    xp = backend.array_module(array)
-    grouped = xp.ascontiguousarray(xp.swapaxes(array, 0, 1))
-    return grouped.reshape(groups, array.shape[1] // groups, -1)
-
-
-def transposed_convolution(grad, weight, geometry, input_hw, grouped_grad=None):
-    """The adjoint of conv2d in its input: ``grad (N, O, OH, OW)`` -> ``(N, C, *input_hw)``.
-
-    This is conv2d's input gradient and ConvTranspose2d's forward. ``geometry`` is conv2d's
-    ``(stride, padding, dilation, groups)``; ``weight`` is conv2d's ``(O, C/g, KH, KW)``;
-    ``grouped_grad`` is ``channels_first(grad, groups)`` when the caller has it already.
-    """
-    if _flipped_kernel_is_cheaper(grad.shape, weight.shape, geometry, input_hw):
-        return _by_flipped_kernel(grad, weight, geometry)
-    if grouped_grad is None:
-        grouped_grad = channels_first(grad, geometry[3])
-    return _by_col2im(grouped_grad, weight, geometry, grad.shape, input_hw)
-
-
-def _flipped_kernel_is_cheaper(grad_shape, weight_shape, geometry, input_hw) -> bool:
-    """Stride-1 only; compare the elements each route writes and reads again."""
-    stride, padding, dilation, groups = geometry
-    kernel = weight_shape[2:]
-    if stride != (1, 1):
-        return False
-    for axis in (0, 1):
-        reach = dilation[axis] * (kernel[axis] - 1)
-        if reach < padding[axis]:
-            return False  # padding wider than the kernel: the result would need cropping
-        if grad_shape[2 + axis] + reach - 2 * padding[axis] != input_hw[axis]:
-            return False  # a transposed convolution's output_padding: rows the route misses
-    in_channels = weight_shape[1] * groups
-    out_channels, out_h, out_w = grad_shape[1:]
-    # Flipped kernel: columns of O*KH*KW x H*W, written once and read once by the GEMM.
-    # col2im: columns of C*KH*KW x OH*OW, written, read, and added into dx (read+write).
-    return out_channels * input_hw[0] * input_hw[1] * 2 <= in_channels * out_h * out_w * 4
-
-
-def _by_flipped_kernel(grad, weight, geometry):
-    """dx = (zero-padded grad) correlated with the flipped kernel, channels swapped."""
-    _, padding, dilation, groups = geometry
-    out_channels, in_per_group, kernel_h, kernel_w = weight.shape
-    xp = backend.array_module(weight)
-    # (g, O/g, C/g, KH, KW) -> (g, C/g, O/g, KH, KW): input and output channels swap.
-    flipped = weight[:, :, ::-1, ::-1].reshape(
-        groups, out_channels // groups, in_per_group, kernel_h, kernel_w
-    )
-    swapped = xp.ascontiguousarray(xp.swapaxes(flipped, 1, 2)).reshape(
-        groups * in_per_group, out_channels // groups, kernel_h, kernel_w
-    )
-    full_padding = (
-        dilation[0] * (kernel_h - 1) - padding[0],
-        dilation[1] * (kernel_w - 1) - padding[1],
-    )
-    grad_x, columns = _convolve(pad_spatial(grad, full_padding), swapped, (1, 1), dilation, groups)
-    column_buffers.give_back(columns)
-    return grad_x
-
-
-def _by_col2im(grouped_grad, weight, geometry, grad_shape, input_hw):
-    """dx = weight^T @ grad (one GEMM per group), added back window by window (col2im)."""
-    stride, padding, dilation, groups = geometry
-    xp = backend.array_module(weight)
-    batch, out_hw, (height, width) = grad_shape[0], grad_shape[2:], input_hw
-    out_channels, in_per_group, kernel_h, kernel_w = weight.shape
-    in_channels = in_per_group * groups
-    grouped_weight_t = xp.swapaxes(weight.reshape(groups, out_channels // groups, -1), 1, 2)
-    grad_columns = xp.matmul(grouped_weight_t, grouped_grad).reshape(
-        in_channels, kernel_h, kernel_w, batch, out_hw[0], out_hw[1]
-    )
-    padded_h, padded_w = height + 2 * padding[0], width + 2 * padding[1]
-    # Summed channel-major, like the columns, so each add reads a contiguous block
-    # (1.4x faster on LeNet's second layer); one transpose copy gives NCHW at the end.
-    grad_padded = xp.zeros((in_channels, batch, padded_h, padded_w), dtype=weight.dtype)
-    for row in range(kernel_h):
-        for col in range(kernel_w):
-            rows, cols = offset_slices((row * dilation[0], col * dilation[1]), stride, out_hw)
-            grad_padded[:, :, rows, cols] += grad_columns[:, row, col]
-    rows = slice(padding[0], padding[0] + height)
-    cols = slice(padding[1], padding[1] + width)
-    return xp.ascontiguousarray(xp.swapaxes(grad_padded[:, :, rows, cols], 0, 1))
+def _padded_hw(x, padding) -> tuple[int, int]:
+    return (x.shape[2] + 2 * padding[0], x.shape[3] + 2 * padding[1])

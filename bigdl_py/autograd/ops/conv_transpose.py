@@ -19,11 +19,8 @@ from __future__ import annotations
 
 from bigdl_py.autograd.function import Function
 from bigdl_py.autograd.ops.conv import (
-    _convolve,
-    _weight_gradient,
-    channels_first,
-    column_buffers,
-    pad_spatial,
+    convolution_weight_gradient,
+    convolve,
     pair,
     transposed_convolution,
 )
@@ -127,19 +124,20 @@ class ConvTranspose2d(Function):
         x, weight = self.saved
         stride, padding, dilation, groups = self.geometry
         # The rows output_padding added, and any beyond the last full window, reach no input:
-        # crop them so the conv2d below gives exactly the input's height and width.
-        reach = [
+        # the frame drops them so the conv2d below gives exactly the input's height and width.
+        reach = tuple(
             (x.shape[2 + a] - 1) * stride[a] + dilation[a] * (weight.shape[2 + a] - 1) + 1
             for a in (0, 1)
-        ]
-        padded = pad_spatial(grad, padding)[:, :, : reach[0], : reach[1]]
-        grad_x, columns = _convolve(padded, weight, stride, dilation, groups)
-        grad_weight = grad_bias = None
+        )
+        grad_x = grad_weight = grad_bias = None
+        if self.needs_input_grad[0]:
+            grad_x = convolve(grad, weight, stride, padding, reach, dilation, groups)
         if self.needs_input_grad[1]:
-            grad_weight = _weight_gradient(columns, channels_first(x, groups)).reshape(weight.shape)
-        column_buffers.give_back(columns)
+            # conv2d's weight gradient with the roles swapped: grad is the input, x the
+            # output's gradient, so the result is (C_in, C_out/g, KH, KW), this op's layout.
+            grad_weight, _ = convolution_weight_gradient(
+                grad, x, weight.shape, stride, padding, reach, dilation, groups
+            )
         if self.has_bias and self.needs_input_grad[2]:
             grad_bias = grad.sum(axis=(0, 2, 3))
-        if not self.needs_input_grad[0]:
-            grad_x = None
         return grad_x, grad_weight, grad_bias

@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from bigdl_py import backend
 from bigdl_py.autograd import Tensor, gradcheck, ops
-from bigdl_py.autograd.ops import conv
+from bigdl_py.autograd.ops import conv, conv_tiles
 from bigdl_py.autograd.ops.conv import _weight_gradient
 
 # (id, input shape, weight shape, settings)
@@ -159,26 +160,47 @@ def test_conv2d_of_a_non_contiguous_input_equals_that_of_its_copy(rng, padding):
     )
 
 
-def test_reused_column_buffers_never_alias_a_live_graph(rng):
-    def weight_gradient(x, weight, backward=True):
-        output = ops.conv2d(Tensor(x), weight, padding=1)
-        if backward:
-            output.sum().backward()
-            gradient, weight.grad = weight.grad.numpy(), None
-            return gradient
-        return output
+def conv_results(op, arrays, **settings):
+    """Output and the gradients of every input of ``op`` on float64 copies of ``arrays``."""
+    tensors = [Tensor(a, requires_grad=True, dtype=np.float64) for a in arrays]
+    output = op(*tensors, **settings)
+    output.backward(np.random.default_rng(5).standard_normal(output.shape))
+    return [output.numpy()] + [t.grad.numpy() for t in tensors]
 
-    inputs = [rng.standard_normal((2, 3, 5, 5)) for _ in range(3)]
-    weight = Tensor(rng.standard_normal((4, 3, 3, 3)), requires_grad=True)
-    expected = [weight_gradient(x, weight) for x in inputs]  # each buffer handed back at once
 
-    first = weight_gradient(inputs[0], weight, backward=False)
-    second = weight_gradient(inputs[1], weight, backward=False)
-    first.sum().backward()  # hands the first buffer back ...
-    weight.grad = None
-    third = weight_gradient(inputs[2], weight, backward=False)  # ... which this one reuses
-    second.sum().backward()
-    np.testing.assert_allclose(weight.grad.numpy(), expected[1])
-    weight.grad = None
-    third.sum().backward()
-    np.testing.assert_allclose(weight.grad.numpy(), expected[2])
+@pytest.mark.parametrize(
+    "op, shapes, settings",
+    [
+        (ops.conv2d, [(7, 4, 6, 6), (6, 4, 3, 3), (6,)], {"padding": 1}),  # flipped kernel
+        (ops.conv2d, [(7, 4, 7, 6), (6, 2, 3, 3), (6,)], {"stride": 2, "groups": 2}),  # col2im
+        (
+            ops.conv_transpose2d,
+            [(7, 4, 3, 4), (4, 3, 4, 4), (3,)],
+            {"stride": 2, "padding": 1, "output_padding": 1},
+        ),
+    ],
+    ids=["conv2d_flipped_kernel", "conv2d_col2im", "conv_transpose2d"],
+)
+def test_tiles_shared_among_threads_give_the_one_tile_result(
+    monkeypatch, rng, op, shapes, settings
+):
+    # The batch of 7 splits unevenly; threads take tiles in any order and sum their own
+    # weight gradients, so only the summation order may differ.
+    arrays = [rng.standard_normal(shape) for shape in shapes]
+    with backend.blas_threads(1):
+        expected = conv_results(op, arrays, **settings)
+    monkeypatch.setattr(conv_tiles, "MIN_SPLIT_BYTES", 0)
+    monkeypatch.setattr(conv_tiles, "TILE_BYTES", 1)  # one sample per tile
+    with backend.blas_threads(2):
+        tiled = conv_results(op, arrays, **settings)
+        # The BLAS limit the threads ran under is given back.
+        assert conv_tiles.worker_count() == 2
+    for got, want in zip(tiled, expected, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_tile_size_keeps_small_batches_whole_and_splits_large_ones_for_every_worker():
+    assert conv_tiles.tile_size(4, 1000, workers=2, on_gpu=False) == 4
+    assert conv_tiles.tile_size(64, 1 << 20, workers=1, on_gpu=False) == 3
+    assert conv_tiles.tile_size(64, 100_000, workers=2, on_gpu=False) == 16  # two per worker
+    assert conv_tiles.tile_size(64, 1 << 20, workers=2, on_gpu=True) == 64

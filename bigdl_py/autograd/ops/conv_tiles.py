@@ -1,0 +1,140 @@
+"""Run a convolution tile by tile over the batch, one tile per BLAS thread at a time.
+
+Why tiles: a whole-batch im2col matrix is 9x the input (75 MB for the second layer of
+``bench/engine.py``'s CIFAR CNN) and every pass over it goes to main memory. A tile of a
+few samples keeps its columns (a few MB) in cache from the im2col copy to the GEMM that
+reads them, so nothing large is ever allocated, the backward pass recomputes the columns
+instead of keeping them, and OpenBLAS runs these GEMMs faster than the wide whole-batch
+one (on the bench machine, at one thread: 21 ms against 39 ms for that layer's forward).
+
+Why our own threads: with two BLAS threads each GEMM ends in a barrier between them, and
+on a shared machine a barrier often waits for a descheduled thread (see conv.py). So when
+BLAS may use ``n > 1`` threads, the tiles are shared out among ``n`` Python threads (the
+caller's included) that take the next tile when they finish one, with BLAS held to one
+thread meanwhile: the threads meet once per op, not once per GEMM, and NumPy releases the
+GIL in its copies and GEMMs. The BLAS limit is restored afterwards.
+
+On a GPU (CuPy arrays) the whole batch is one tile and nothing is threaded.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+# Largest scratch buffer (the columns of one tile) we aim for: ~3 MB measured best for the
+# CIFAR CNN's layers at one thread (1 sample of its second layer, 1.2 MB: 25 ms; 2-4
+# samples: 21 ms; 8: 22 ms; the whole batch of 64: 39 ms).
+TILE_BYTES = 3 << 20
+# Below this many bytes of columns for the whole batch an op runs as one tile on the calling
+# thread: handing out tiles costs ~0.2 ms, more than such an op takes.
+MIN_SPLIT_BYTES = 1 << 20
+
+_state_lock = threading.Lock()
+_pool: ThreadPoolExecutor | None = None
+_pool_key: tuple[int, int] | None = None  # (process id, threads): a forked child makes its own
+_blas_controllers: list | None = None
+
+
+def _blas() -> list:
+    """threadpoolctl's controllers of the loaded BLAS libraries (found once; empty if none)."""
+    global _blas_controllers
+    if _blas_controllers is None:
+        try:
+            from threadpoolctl import ThreadpoolController
+
+            controllers = ThreadpoolController().select(user_api="blas").lib_controllers
+        except Exception:  # threadpoolctl missing or unable to inspect: run single-threaded
+            controllers = []
+        _blas_controllers = list(controllers)
+    return _blas_controllers
+
+
+def worker_count() -> int:
+    """How many threads a tiled op uses: the current BLAS thread limit (1 if unknown)."""
+    return max([controller.num_threads for controller in _blas()] + [1])
+
+
+def _executor(threads: int) -> ThreadPoolExecutor:
+    global _pool, _pool_key
+    key = (os.getpid(), threads)
+    with _state_lock:
+        if _pool_key != key:
+            _pool = ThreadPoolExecutor(threads, thread_name_prefix="bigdl_py-conv")
+            _pool_key = key
+        return _pool
+
+
+def tile_size(batch: int, bytes_per_sample: int, workers: int, on_gpu: bool) -> int:
+    """Samples per tile: about ``TILE_BYTES`` of columns, and at least two tiles per worker."""
+    if on_gpu or batch * bytes_per_sample <= MIN_SPLIT_BYTES:
+        return batch
+    size = max(1, TILE_BYTES // max(1, bytes_per_sample))
+    if workers > 1:
+        size = min(size, max(1, batch // (2 * workers)))
+    return min(size, batch)
+
+
+def for_each_tile(
+    batch: int, size: int, work: Callable[[int, int, dict], None], on_gpu: bool = False
+) -> list[dict]:
+    """Call ``work(start, stop, scratch)`` for each tile ``[start, stop)`` of the batch.
+
+    Each thread passes its own ``scratch`` dict to every tile it takes (buffers to reuse,
+    sums to accumulate); the dicts are returned, one per thread that ran, for the caller to
+    combine. ``work`` must write only to its own tile's part of shared outputs.
+    """
+    tiles = [(start, min(start + size, batch)) for start in range(0, batch, size)]
+    threads = 1 if on_gpu else min(worker_count(), len(tiles))
+    if threads <= 1:
+        scratch: dict = {}
+        for start, stop in tiles:
+            work(start, stop, scratch)
+        return [scratch]
+    remaining = iter(tiles)
+    take_lock = threading.Lock()
+
+    def run() -> dict:
+        scratch: dict = {}
+        while True:
+            with take_lock:
+                tile = next(remaining, None)
+            if tile is None:
+                return scratch
+            work(tile[0], tile[1], scratch)
+
+    controllers = _blas()
+    limits = [controller.num_threads for controller in controllers]
+    for controller in controllers:
+        controller.set_num_threads(1)
+    try:
+        futures = [_executor(threads - 1).submit(run) for _ in range(threads - 1)]
+        scratches = [run()]  # the calling thread takes tiles too
+        scratches += [future.result() for future in futures]
+    finally:
+        for controller, limit in zip(controllers, limits, strict=True):
+            controller.set_num_threads(limit)
+    return scratches
+
+
+def scratch_array(scratch: dict, name: str, shape: tuple, dtype, xp=np, zeroed: bool = False):
+    """A reusable buffer of ``shape`` from ``scratch`` (a prefix of one allocated per name).
+
+    A smaller last tile gets the first elements of the same buffer, so a zeroed border laid
+    out for the full tile stays where the smaller tile's layout expects it only when the
+    leading axis is the tile's; callers that rely on zeros say ``zeroed=True`` and re-zero
+    what they do not overwrite.
+    """
+    size = 1
+    for extent in shape:
+        size *= extent
+    key = (name, np.dtype(dtype).str)
+    buffer = scratch.get(key)
+    if buffer is None or buffer.size < size:
+        buffer = (xp.zeros if zeroed else xp.empty)(size, dtype=dtype)
+        scratch[key] = buffer
+    return buffer[:size].reshape(shape)
