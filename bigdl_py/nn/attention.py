@@ -5,9 +5,11 @@ Parameter names, shapes and the default initialisation are PyTorch's, so a PyTor
 ``q_proj_weight``, ``k_proj_weight``, ``v_proj_weight`` when keys or values have other
 widths), and ``out_proj.weight``/``out_proj.bias``.
 
-The computation is composed from autograd ops (projections, batched matmuls, softmax,
-dropout), so its gradient needs no code of its own. Masks are turned into one additive
-float mask (``-inf`` where attending is not allowed) before the softmax, as PyTorch does.
+Projections are ``Linear`` ops; the attention itself is one fused op
+(``ops.attention.scaled_dot_product_attention``) unless the weights are asked for, when it
+is composed from matmul, softmax and dropout so the weights have a gradient. Masks are
+turned into one additive float mask (``-inf`` where attending is not allowed) before the
+softmax, as PyTorch does.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import numpy as np
 
 from bigdl_py import backend
 from bigdl_py.autograd import ops
+from bigdl_py.autograd.ops.attention import scaled_dot_product_attention
 from bigdl_py.autograd.tensor import Tensor
 from bigdl_py.nn import init
 from bigdl_py.nn.layers._base import (
@@ -183,13 +186,17 @@ class MultiheadAttention(Module):
             ops.permute(ops.reshape(x, (batch, x.shape[1], heads, self.head_dim)), (0, 2, 1, 3))
             for x in (queries, keys, values)
         )
-        scale = 1.0 / math.sqrt(self.head_dim)
-        scores = ops.matmul(queries * scale, ops.permute(keys, (0, 1, 3, 2)))
-        if mask is not None:
-            scores = scores + Tensor(mask, _copy=False)
-        weights = ops.softmax(scores, axis=-1)
-        weights = ops.dropout(weights, self.dropout, training=self.training)
-        attended = ops.matmul(weights, values)  # (N, H, L, head_dim)
+        dropout = self.dropout if self.training else 0.0
+        if need_weights:
+            # The weights are an output with a gradient of their own, so compose the ops.
+            scale = 1.0 / math.sqrt(self.head_dim)
+            scores = ops.matmul(queries * scale, ops.permute(keys, (0, 1, 3, 2)))
+            if mask is not None:
+                scores = scores + Tensor(mask, _copy=False)
+            weights = ops.dropout(ops.softmax(scores, axis=-1), dropout)
+            attended = ops.matmul(weights, values)  # (N, H, L, head_dim)
+        else:
+            attended = scaled_dot_product_attention(queries, keys, values, mask, dropout)
         joined = ops.reshape(ops.permute(attended, (0, 2, 1, 3)), (batch, target_length, -1))
         output = self.out_proj(joined)
         if not batched:

@@ -48,6 +48,19 @@ CASES = [
     ("kdim_vdim", {"kdim": 3, "vdim": 5, "batch_first": True}, "cross", {}),
     ("weights_per_head", {}, "cross", {"average_attn_weights": False}),
     ("no_weights", {}, "cross", {"need_weights": False}),
+    (
+        "no_weights_both_masks",
+        {"batch_first": True},
+        "cross",
+        {"need_weights": False, "attn_mask": causal(), "key_padding_mask": padding()},
+    ),
+    ("no_weights_causal", {}, "self_square", {"need_weights": False, "is_causal": True}),
+    (
+        "no_weights_kdim_vdim_unbatched",
+        {"kdim": 3, "vdim": 5},
+        "unbatched",
+        {"need_weights": False},
+    ),
     ("bool_attn_mask", {}, "cross", {"attn_mask": causal()}),
     ("float_attn_mask", {}, "cross", {"attn_mask": float_mask((TARGET, SOURCE))}),
     (
@@ -190,6 +203,35 @@ def test_is_causal_equals_the_explicit_causal_mask():
     np.testing.assert_array_equal(built.numpy(), given.numpy())
     np.testing.assert_array_equal(built_weights.numpy(), given_weights.numpy())
     assert np.all(np.triu(built_weights.numpy()[0], k=1) == 0)
+
+
+def test_fused_path_equals_the_composed_one_dropout_included():
+    """Without weights the attention runs as one fused op; with them, as composed ops. Both
+    draw the dropout mask from the same seeded generator, so they must agree exactly."""
+    layer = build({"dropout": 0.3, "batch_first": True})
+    arrays = make_inputs("cross", layer)
+    results = []
+    for need_weights in (True, False):
+        inputs = [Tensor(a, requires_grad=True, dtype=F64) for a in arrays]
+        layer.zero_grad(set_to_none=True)
+        ops.manual_seed(3)
+        output, _ = layer(*inputs, key_padding_mask=padding(), need_weights=need_weights)
+        output.backward(np.random.default_rng(1).standard_normal(output.shape))
+        gradients = [x.grad.numpy() for x in inputs] + [p.grad.numpy() for p in layer.parameters()]
+        results.append([output.numpy(), *gradients])
+    for composed, fused in zip(*results, strict=True):
+        np.testing.assert_allclose(fused, composed, rtol=1e-10, atol=1e-13)
+
+
+def test_fused_dropout_gradient_matches_finite_differences():
+    layer = build({"dropout": 0.4})
+    inputs = [Tensor(a, requires_grad=True, dtype=F64) for a in make_inputs("cross", layer)]
+
+    def run(*_):
+        ops.manual_seed(0)  # the same dropout mask on every call
+        return layer(*inputs, need_weights=False)[0]
+
+    assert gradcheck(run, inputs + list(layer.parameters()))
 
 
 # --- dropout, dtype, initialisation -------------------------------------------------------------
