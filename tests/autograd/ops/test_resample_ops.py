@@ -9,7 +9,10 @@ from bigdl_py.autograd import Tensor, gradcheck, ops
 
 # (id, input shape, interpolate settings): up and down, integer and fractional scales.
 INTERPOLATE_CASES = [
+    # Whole factors take the block-copy path; the others the interpolation matrices.
     ("nearest_double", (2, 2, 3, 4), {"scale_factor": 2}),
+    ("nearest_whole_factors_per_axis", (1, 2, 3, 4), {"scale_factor": (3, 1)}),
+    ("nearest_whole_factors_by_size", (1, 2, 3, 4), {"size": (6, 12)}),
     ("nearest_fractional_down", (1, 2, 7, 6), {"scale_factor": 0.45}),
     ("nearest_size_per_axis", (1, 1, 4, 5), {"size": (9, 3)}),
     ("bilinear_double", (2, 2, 3, 4), {"scale_factor": 2, "mode": "bilinear"}),
