@@ -7,6 +7,7 @@ discriminator, its own Adam), each one Spark job over the cached partitions with
 gradient AllReduce of DistriOptimizer. Runs with plain Python (local mode) or spark-submit:
 
     python jobs/train_gan.py --epochs 5
+    python jobs/train_gan.py --model dcgan       # convolutional networks (Radford et al.)
     spark-submit --master spark://host:7077 --properties-file conf/spark-defaults.conf \\
         --py-files dist/bigdl_py.zip jobs/train_gan.py --partitions 4
 
@@ -36,6 +37,7 @@ from training_arguments import add_training_arguments, check_training_arguments 
 from bigdl_py import nn  # noqa: E402
 from bigdl_py.autograd import Tensor, no_grad  # noqa: E402
 from bigdl_py.data import fashion_mnist_raw  # noqa: E402
+from bigdl_py.models.dcgan import dcgan  # noqa: E402
 from bigdl_py.models.gan import (  # noqa: E402
     discriminator_step,
     generator_step,
@@ -56,11 +58,27 @@ def parse_arguments(argv=None) -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=2e-4, help="Adam's rate, both networks")
     parser.add_argument("--beta1", type=float, default=0.5, help="Adam's beta1, both networks")
     parser.add_argument("--noise-size", type=int, default=64)
-    parser.add_argument("--hidden", type=int, default=256, help="width of the networks")
+    parser.add_argument(
+        "--model",
+        choices=("mlp", "dcgan"),
+        default="mlp",
+        help="mlp: fully connected networks; dcgan: strided and transposed convolutions",
+    )
+    parser.add_argument(
+        "--hidden",
+        type=int,
+        default=None,
+        help="width of the networks: mlp's hidden units (default 256), dcgan's base channel "
+        "count (default 32)",
+    )
     parser.add_argument("--log-every", type=int, default=50, help="print every N batches")
     arguments = check_training_arguments(parser, parser.parse_args(argv))
     if arguments.log_every < 1:
         parser.error("--log-every must be positive")
+    if arguments.hidden is None:
+        arguments.hidden = 256 if arguments.model == "mlp" else 32
+    if arguments.hidden < 1:
+        parser.error("--hidden must be positive")
     return arguments
 
 
@@ -88,7 +106,8 @@ def main(argv=None) -> dict:
     )
 
     nn.init.manual_seed(arguments.seed)
-    gan = mlp_gan(arguments.noise_size, arguments.hidden)
+    build = mlp_gan if arguments.model == "mlp" else dcgan
+    gan = build(arguments.noise_size, arguments.hidden)
     fixed_noise = np.random.default_rng(arguments.seed).standard_normal(
         (SAMPLES_IN_GRID, arguments.noise_size), dtype=np.float32
     )

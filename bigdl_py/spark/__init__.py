@@ -11,6 +11,8 @@
   models, one OptimMethod each, e.g. a GAN) on DistriOptimizer's machinery.
 - :mod:`bigdl_py.spark.ml` — Spark ML pipeline stages ``NNEstimator``, ``NNClassifier``,
   ``NNModel`` and ``NNClassifierModel`` (importable from here too).
+- :mod:`bigdl_py.spark.predict_udf` — ``predict_udf``: a model as a column function on
+  ``pyspark.ml.functions.predict_batch_udf`` (importable from here too).
 
 Importing this package does not import pyspark; the functions do, when called, and the
 Spark ML stages are imported on first use.
@@ -36,6 +38,7 @@ _LAZY = {
     "NNEstimator": "bigdl_py.spark.ml",
     "NNModel": "bigdl_py.spark.ml",
     "DistriTrainer": "bigdl_py.spark.distri_trainer",
+    "predict_udf": "bigdl_py.spark.predict_udf",
 }
 
 __all__ = [
@@ -49,6 +52,7 @@ __all__ = [
     "get_spark",
     "job_description",
     "job_group",
+    "predict_udf",
     "set_job_description",
     "task_slots",
 ]
