@@ -12,8 +12,8 @@ gather with a scatter-add backward.)
 Nearest-neighbour up-sampling by whole factors (PyTorch's sources then repeat every input
 ``k`` times) takes a shortcut: a block copy forward and strided sums backward.
 
-Adaptive max pooling is not linear; it gathers each window's elements into one axis and
-takes the first maximum, as PyTorch does.
+Adaptive max pooling is not linear; it takes the maximum over the columns of each window,
+then over its rows, keeping the first maximum as PyTorch does.
 
 Window and index rules are PyTorch's:
 
@@ -164,29 +164,28 @@ class NearestRepeat(Function):
 
 
 class AdaptiveMaxPool2d(Function):
-    """Maximum over adaptive windows; the gradient goes to each window's first maximum."""
+    """Maximum over adaptive windows; the gradient goes to each window's first maximum.
+
+    A window is a rectangle of rows times columns, so its maximum is separable: first the
+    maximum over each row's column window (``(N, C, H, OW)``), then over the row window.
+    That reads ``KW*H*OW + KH*OH*OW`` values per channel instead of ``KH*KW*OH*OW`` for a
+    gather of every window. Columns go first so that ties resolve as PyTorch's row-major
+    scan does: the first row holding the maximum, and in it the first column.
+    """
 
     def forward(self, x, output_size=(1, 1)):
         _check_4d(x, "adaptive_max_pool2d")
         xp = backend.array_module(x)
+        height, width = x.shape[2:]
         device = backend.device_of(x)
-        batch, channels, height, width = x.shape
-        # Per axis, the input index of every (output, offset) pair. Windows shorter than the
-        # longest repeat their last element: a repeat never changes the maximum, and it comes
-        # after the original, so the first maximum is always a real position.
-        row_index = _window_indices(height, output_size[0])
-        column_index = _window_indices(width, output_size[1])
-        flat_index = row_index[:, :, None, None] * width + column_index[None, None, :, :]
-        # (OH, KH, OW, KW) -> (OH, OW, KH*KW): each window's elements in row-major order.
-        flat_index = flat_index.transpose(0, 2, 1, 3).reshape(output_size + (-1,))
-        flat_index = backend.to_device(flat_index, device)
-        windows = x.reshape(batch, channels, height * width)[:, :, flat_index]
-        winner = windows.argmax(axis=-1)
-        self.source = xp.take_along_axis(
-            xp.broadcast_to(flat_index, windows.shape), winner[..., None], axis=-1
-        )[..., 0]
+        column_index = backend.to_device(_window_indices(width, output_size[1]), device)
+        row_index = backend.to_device(_window_indices(height, output_size[0]), device)
+        row_maxima, column_winner = _running_max(xp, x, column_index, axis=3)
+        output, row_winner = _running_max(xp, row_maxima, row_index, axis=2)
+        winner_column = xp.take_along_axis(column_winner, row_winner, axis=2)
+        self.source = row_winner * width + winner_column  # flat index into each (H, W) map
         self.input_shape = x.shape
-        return xp.take_along_axis(windows, winner[..., None], axis=-1)[..., 0]
+        return output
 
     def backward(self, grad):
         xp = backend.array_module(grad)
@@ -200,6 +199,28 @@ class AdaptiveMaxPool2d(Function):
 
     def _release_extra(self) -> None:
         self.source = None
+
+
+def _running_max(xp, values, window_index, axis: int):
+    """Maximum of ``values`` over each window along ``axis``, and the index of its first maximum.
+
+    ``window_index`` is ``(windows, longest)``: column ``k`` holds each window's ``k``-th
+    input index. Windows shorter than the longest repeat their last element; a repeat never
+    changes the maximum and, coming after the original, never wins a tie.
+    """
+    broadcast_shape = [1] * values.ndim
+    broadcast_shape[axis] = window_index.shape[0]
+    best = xp.take(values, window_index[:, 0], axis=axis)
+    winner = xp.empty(best.shape, dtype=window_index.dtype)
+    winner[...] = window_index[:, 0].reshape(broadcast_shape)
+    for offset in range(1, window_index.shape[1]):
+        candidates = xp.take(values, window_index[:, offset], axis=axis)
+        # Strictly greater, so the earlier index keeps a tie. Arithmetic, not ``where``, on
+        # a data-dependent mask (see rectifier.py).
+        better = candidates > best
+        winner += better * (window_index[:, offset].reshape(broadcast_shape) - winner)
+        xp.maximum(best, candidates, out=best)
+    return best, winner
 
 
 def _window_indices(size: int, out: int) -> np.ndarray:

@@ -102,3 +102,14 @@ def test_resampling_keeps_float32():
 def test_errors_name_the_op_and_the_setting(call, error, message):
     with pytest.raises(error, match=message):
         call(Tensor(np.zeros((1, 1, 4, 4))))
+
+
+def test_adaptive_max_pool_breaks_ties_in_row_major_order():
+    # The maximum 1 sits at (0, 2) and (1, 0): PyTorch's scan, row by row, meets (0, 2) first.
+    values = np.zeros((1, 1, 2, 3))
+    values[0, 0, 0, 2] = values[0, 0, 1, 0] = 1.0
+    x = Tensor(values, requires_grad=True)
+    ops.adaptive_max_pool2d(x, 1).sum().backward()
+    expected = np.zeros((2, 3))
+    expected[0, 2] = 1.0
+    np.testing.assert_array_equal(x.grad.numpy()[0, 0], expected)
