@@ -6,7 +6,7 @@ Parameter names, shapes and the default initialisation are PyTorch's, so a PyTor
 widths), and ``out_proj.weight``/``out_proj.bias``.
 
 Projections are ``Linear`` ops; the attention itself is one fused op
-(``ops.attention.scaled_dot_product_attention``) unless the weights are asked for, when it
+(``ops.scaled_dot_product_attention``) unless the weights are asked for, when it
 is composed from matmul, softmax and dropout so the weights have a gradient. Masks are
 turned into one additive float mask (``-inf`` where attending is not allowed) before the
 softmax, as PyTorch does.
@@ -21,7 +21,6 @@ import numpy as np
 
 from bigdl_py import backend
 from bigdl_py.autograd import ops
-from bigdl_py.autograd.ops.attention import scaled_dot_product_attention
 from bigdl_py.autograd.tensor import Tensor
 from bigdl_py.nn import init
 from bigdl_py.nn.layers._base import (
@@ -196,7 +195,7 @@ class MultiheadAttention(Module):
             weights = ops.dropout(ops.softmax(scores, axis=-1), dropout)
             attended = ops.matmul(weights, values)  # (N, H, L, head_dim)
         else:
-            attended = scaled_dot_product_attention(queries, keys, values, mask, dropout)
+            attended = ops.scaled_dot_product_attention(queries, keys, values, mask, dropout)
         joined = ops.reshape(ops.permute(attended, (0, 2, 1, 3)), (batch, target_length, -1))
         output = self.out_proj(joined)
         if not batched:

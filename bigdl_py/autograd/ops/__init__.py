@@ -177,6 +177,7 @@ def linear(x, weight, bias=None):
 
 # Ops of layers (convolution, pooling, normalisation, dropout, embedding) are added below by
 # their own modules; see conv.py, pool.py, norm.py, misc.py.
+from bigdl_py.autograd.ops.attention import *  # noqa: E402,F401,F403
 from bigdl_py.autograd.ops.channel_dropout import *  # noqa: E402,F401,F403
 from bigdl_py.autograd.ops.functional_layers import *  # noqa: E402,F401,F403
 from bigdl_py.autograd.ops.group_norm import *  # noqa: E402,F401,F403

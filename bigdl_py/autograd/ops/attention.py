@@ -17,6 +17,8 @@ from bigdl_py import backend
 from bigdl_py.autograd.function import Function
 from bigdl_py.autograd.ops.misc import _uniform
 
+__all__ = ["scaled_dot_product_attention"]
+
 
 class ScaledDotProductAttention(Function):
     """Inputs ``query (..., L, D)``, ``key (..., S, D)``, ``value (..., S, Dv)``; output

@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 
 from bigdl_py.autograd import Tensor, gradcheck, ops
-from bigdl_py.autograd.ops.attention import scaled_dot_product_attention
 
 F64 = np.float64
 
@@ -24,7 +23,7 @@ def test_gradients_match_finite_differences(dropout_p):
 
     def run(*_):
         ops.manual_seed(0)  # the same dropout mask on every call
-        return scaled_dot_product_attention(*inputs, mask, dropout_p)
+        return ops.scaled_dot_product_attention(*inputs, mask, dropout_p)
 
     assert gradcheck(run, inputs)
 
@@ -33,7 +32,7 @@ def test_matches_pytorch(torch):
     *tensors, mask = arrays()
     ours = [Tensor(a, requires_grad=True, dtype=F64) for a in tensors]
     theirs = [torch.tensor(a, requires_grad=True) for a in tensors]
-    our_output = scaled_dot_product_attention(*ours, mask)
+    our_output = ops.scaled_dot_product_attention(*ours, mask)
     their_output = torch.nn.functional.scaled_dot_product_attention(
         *theirs, attn_mask=torch.from_numpy(mask)
     )
@@ -49,7 +48,9 @@ def test_matches_pytorch(torch):
 
 def test_dropout_one_drops_everything():
     *tensors, _ = arrays()
-    output = scaled_dot_product_attention(*(Tensor(a, dtype=F64) for a in tensors), dropout_p=1.0)
+    output = ops.scaled_dot_product_attention(
+        *(Tensor(a, dtype=F64) for a in tensors), dropout_p=1.0
+    )
     assert not output.numpy().any()
 
 
@@ -65,4 +66,4 @@ def test_dropout_one_drops_everything():
 def test_bad_inputs_are_refused(shapes, dropout_p, message):
     tensors = [Tensor(np.zeros(shape)) for shape in shapes]
     with pytest.raises(ValueError, match=message):
-        scaled_dot_product_attention(*tensors, dropout_p=dropout_p)
+        ops.scaled_dot_product_attention(*tensors, dropout_p=dropout_p)
