@@ -24,6 +24,14 @@ def _as_feature_tuple(features: Any, what: str) -> tuple:
                 f"{what} must hold at least one array, got an empty {type(features).__name__}"
             )
         arrays = tuple(features)
+        if all(np.ndim(array) == 0 for array in arrays):
+            # A list of numbers is one input's values, not that many scalar inputs: as
+            # separate inputs they reach forward() as hundreds of positional arguments.
+            raise TypeError(
+                f"{what} is a {type(features).__name__} of {len(arrays)} numbers; pass one "
+                "input as an array (np.asarray(values)), or a tuple of arrays, one per "
+                "model input"
+            )
     else:
         arrays = (features,)
     return tuple(array if backend.is_cupy_array(array) else np.asarray(array) for array in arrays)

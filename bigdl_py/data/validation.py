@@ -71,3 +71,64 @@ def check_label_range(labels: np.ndarray, num_classes: int) -> None:
             f"label {flat[position].item()!r} at index {where} is outside the classes "
             f"[0, {num_classes}) ({int(bad.sum())} bad label(s) in all)"
         )
+
+
+def class_indices(
+    labels: np.ndarray,
+    what: str = "labels",
+    num_classes: int | None = None,
+    ignore_index: int | None = None,
+) -> np.ndarray:
+    """Class labels as int64, one rule for every input: whole-number floats are converted.
+
+    Spark ML stores class labels as doubles (``StringIndexer``), NumPy users often hold them
+    as floats: ``3.0`` becomes ``3``; ``2.5``, NaN or infinity are refused rather than
+    truncated. With ``num_classes``, labels outside ``[0, num_classes)`` (other than
+    ``ignore_index``) are refused too.
+
+    Raises
+    ------
+    ValueError
+        Naming the first bad label, its index and how many are bad.
+    TypeError
+        For labels that are not numbers.
+    """
+    labels = np.asarray(labels)
+    check_numeric(labels, what)
+    flat = labels.reshape(-1)
+    if np.issubdtype(flat.dtype, np.floating):
+        bad = ~np.isfinite(flat)
+        bad[~bad] = flat[~bad] != np.floor(flat[~bad])
+        if bad.any():
+            position = int(np.flatnonzero(bad)[0])
+            raise ValueError(
+                f"{what}: {flat[position].item()!r} at index {position} is not a class index "
+                f"(class labels must be whole numbers 0, 1, ...; {int(bad.sum())} bad in all)"
+            )
+    indices = labels.astype(np.int64, copy=False)
+    if num_classes is not None and indices.size:
+        flat = indices.reshape(-1)
+        outside = (flat < 0) | (flat >= num_classes)
+        if ignore_index is not None:
+            outside &= flat != ignore_index
+        if outside.any():
+            position = int(np.flatnonzero(outside)[0])
+            ignored = "" if ignore_index is None else f", other than ignore_index={ignore_index}"
+            raise ValueError(
+                f"{what}: label {flat[position].item()} at index {position} is outside the "
+                f"model's {num_classes} classes [0, {num_classes}){ignored} "
+                f"({int(outside.sum())} bad in all)"
+            )
+    return indices
+
+
+def uneven_partitions(sizes: list[int]) -> bool:
+    """Whether partition sizes differ by more than a quarter of their mean (and one sample).
+
+    Every partition supplies an equal share of each global batch, so in an epoch a small
+    partition's samples are read several times and a large one's only in part.
+    """
+    if not sizes:
+        return False
+    mean = sum(sizes) / len(sizes)
+    return any(abs(size - mean) > max(1.0, mean / 4) for size in sizes)

@@ -423,3 +423,233 @@ def arrays_to_dataframe(
         .sortWithinPartitions(row_number)
         .drop(row_number)
     )
+
+
+# --- the training input of DistriOptimizer -------------------------------------------------
+
+
+def _is_spark(data: Any, module: str, name: str) -> bool:
+    """Whether ``data`` is a PySpark ``name`` (without importing pyspark on this path)."""
+    return any(
+        cls.__module__.startswith(module) and cls.__name__ == name for cls in type(data).__mro__
+    )
+
+
+def _python_error(error: Exception) -> Exception:
+    """A failed job's Python error (its last ``TypeError: ...`` line), re-raised alone."""
+    kinds = {"TypeError": TypeError, "ValueError": ValueError}
+    for line in reversed(str(error).splitlines()):
+        kind, _, message = line.strip().partition(": ")
+        if kind in kinds and message:
+            return kinds[kind](message)
+    return error
+
+
+def _class_count(model: Any, features: tuple) -> int | None:
+    """The model's number of classes: its output width on one sample (None if unknown).
+
+    Runs one sample in evaluation mode without a graph, so neither the weights, the
+    running statistics nor the training mode change.
+    """
+    from bigdl_py.autograd.grad_mode import no_grad
+    from bigdl_py.autograd.tensor import Tensor
+
+    was_training = model.training
+    model.eval()
+    try:
+        with no_grad():
+            output = model(*[Tensor(np.asarray(array)[None]) for array in features])
+    except Exception:  # the run itself will report a model that rejects its input
+        return None
+    finally:
+        model.train(was_training)
+    shape = getattr(output, "shape", ())
+    return int(shape[1]) if len(shape) >= 2 else None
+
+
+class _LabelRule:
+    """Applies :func:`bigdl_py.data.validation.class_indices` to records on the executors."""
+
+    def __init__(self, class_loss: bool, num_classes: int | None, ignore_index: int | None):
+        self.class_loss = class_loss
+        self.num_classes = num_classes
+        self.ignore_index = ignore_index
+
+    def labels(self, labels: Any, partition: int | None) -> np.ndarray:
+        from bigdl_py.data.validation import class_indices
+
+        if not self.class_loss:  # regression targets pass as they are
+            return labels
+        return class_indices(
+            labels, f"partition {partition} labels", self.num_classes, self.ignore_index
+        )
+
+    def blocks(self, partition: int, blocks: Iterator[tuple]) -> Iterator[Any]:
+        """DataFrame blocks -> MiniBatches; an empty partition yields none (a zero-row block
+        has no shape to stack, and the caller names empty partitions itself)."""
+        from bigdl_py.data import MiniBatch
+
+        for features, labels in blocks:
+            if len(labels):
+                yield MiniBatch(features, self.labels(labels, partition))
+
+    def records(self, partition: int, rows: Iterator[Any]) -> Iterator[Any]:
+        """RDD records with their labels as class indices (same record types out)."""
+        from bigdl_py.data import MiniBatch, Sample
+
+        for row in rows:
+            if isinstance(row, MiniBatch):
+                yield MiniBatch(row.features, self.labels(row.labels, partition))
+            elif isinstance(row, Sample):
+                yield Sample(row.features, self.labels(row.label, partition))
+            else:
+                yield (row[0], self.labels(row[1], partition))
+
+
+def _survey(partition: int, rows: Iterator[Any]) -> Iterator[tuple[int, Any]]:
+    """One partition's sample count and first sample's features; refuses unknown records."""
+    from bigdl_py.data import MiniBatch, Sample
+
+    size, first = 0, None
+    for position, row in enumerate(rows):
+        if isinstance(row, MiniBatch):
+            count, features = len(row.labels), tuple(array[0] for array in row.features)
+        elif isinstance(row, Sample):
+            count, features = 1, row.features
+        elif isinstance(row, tuple) and len(row) == 2:
+            count, features = 1, Sample(row[0], row[1]).features
+        else:
+            raise TypeError(
+                f"partition {partition}, record {position}: training records must be Samples, "
+                f"(features, label) pairs or MiniBatches, got {type(row).__name__}"
+            )
+        if first is None and count:
+            first = features
+        size += count
+    yield size, first
+
+
+def _rebalanced(rdd: Any, sizes: list[int], num_partitions: int) -> Any:
+    """``rdd`` cut into ``num_partitions`` contiguous runs of (nearly) equal sample counts.
+
+    ``rdd.repartition`` would not do: PySpark shuffles its pickled batches of records, not
+    the records, so a small RDD keeps its uneven sizes.
+    """
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).tolist()
+    total = offsets[-1]
+
+    def keyed(partition, rows):
+        from bigdl_py.data import MiniBatch
+
+        position = offsets[partition]
+        for row in rows:
+            yield position, row
+            position += len(row.labels) if isinstance(row, MiniBatch) else 1
+
+    return (
+        rdd.mapPartitionsWithIndex(keyed)
+        .partitionBy(num_partitions, lambda position: position * num_partitions // total)
+        .values()
+    )
+
+
+def prepare_training_input(
+    data: Any,
+    sc: Any,
+    num_partitions: int,
+    model: Any,
+    criterion: Any,
+    feature_cols: ColumnSpec = "features",
+    label_col: str = "label",
+    feature_shape: ShapeSpec = None,
+) -> Any:
+    """``DistriOptimizer``'s training input, checked before anything is cached or trained.
+
+    One rule for every source: with a class loss (``NLLLoss``, ``CrossEntropyLoss``) labels
+    that are whole-number floats (Spark ML's doubles) become int64 class indices, fractional
+    ones are refused, and labels outside the model's classes (its output width on one
+    sample) are refused up front, not when the sample is first drawn.
+
+    Parameters
+    ----------
+    data
+        An RDD of Samples, ``(features, label)`` pairs or MiniBatches; a DataFrame;
+        ``(features, labels)`` arrays or an ``ArrayDataset``. Anything else is returned as
+        it is (the caller refuses it).
+    sc : SparkContext
+    num_partitions : int
+    model, criterion
+        The model and loss of the run.
+    feature_cols, label_col, feature_shape
+        How to read a DataFrame.
+
+    Returns
+    -------
+    ArrayDataset, RDD or the input
+        Arrays as an ``ArrayDataset``; a DataFrame as an RDD of one MiniBatch per non-empty
+        partition. An RDD with ``num_partitions`` partitions of uneven sizes is repartitioned
+        with a warning naming the sizes: every partition supplies an equal share of each
+        batch, so it would read a small partition's samples many times an epoch and leave
+        much of a large one unread. Counting the partitions reads an RDD once more.
+
+    Raises
+    ------
+    ValueError
+        For empty input, fractional or out-of-range labels (naming the first).
+    TypeError
+        For RDD records of another kind, or a list of numbers as a sample's features.
+    """
+    import warnings
+
+    from bigdl_py.data import ArrayDataset
+    from bigdl_py.data.validation import class_indices, uneven_partitions
+    from bigdl_py.nn.loss import _ClassLoss
+
+    class_loss = isinstance(criterion, _ClassLoss)
+    ignore_index = criterion.ignore_index if class_loss else None
+    if isinstance(data, tuple) and len(data) == 2:
+        data = ArrayDataset(data[0], data[1])
+    if isinstance(data, ArrayDataset):
+        if not class_loss or data.labels is None or len(data) == 0:
+            return data
+        first = tuple(array[0] for array in data.features)
+        labels = class_indices(data.labels, "labels", _class_count(model, first), ignore_index)
+        return ArrayDataset(data.features, labels, check_finite=False)  # checked once above
+    if _is_spark(data, "pyspark.sql", "DataFrame"):
+        first_row = dataframe_to_arrays(data.limit(1), feature_cols, label_col, feature_shape)
+        features = first_row[0] if isinstance(first_row[0], tuple) else (first_row[0],)
+        if len(first_row[1]) == 0:
+            raise ValueError("the training DataFrame has no rows")
+        if data.rdd.getNumPartitions() != num_partitions:
+            data = data.repartition(num_partitions)  # rows, not whole blocks, are spread
+        num_classes = _class_count(model, tuple(array[0] for array in features))
+        rule = _LabelRule(class_loss, num_classes, ignore_index)
+        blocks = dataframe_to_partition_arrays(data, feature_cols, label_col, feature_shape)
+        return blocks.mapPartitionsWithIndex(rule.blocks)
+    if not _is_spark(data, "pyspark", "RDD"):
+        return data
+    sc.setJobDescription("bigdl_py: count and check the training records")
+    try:
+        survey = data.mapPartitionsWithIndex(_survey).collect()
+    except Exception as error:
+        raise _python_error(error) from None  # not the JVM's pages about it
+    finally:
+        sc.setJobDescription(None)
+    sizes = [size for size, _ in survey]
+    first = next((features for _, features in survey if features is not None), None)
+    if first is None:
+        raise ValueError(f"the training RDD holds no samples (in {len(sizes)} partitions)")
+    if len(sizes) == num_partitions and uneven_partitions(sizes):
+        warnings.warn(
+            f"the training RDD's partitions hold {sizes} samples: every partition supplies an "
+            "equal share of each batch, so small ones would be read many times an epoch and "
+            f"large ones only in part; repartitioned into {num_partitions} even partitions "
+            "(repartition the RDD yourself to choose how)",
+            stacklevel=3,
+        )
+    if len(sizes) != num_partitions or uneven_partitions(sizes):
+        data = _rebalanced(data, sizes, num_partitions)
+    if class_loss:
+        rule = _LabelRule(True, _class_count(model, first), ignore_index)
+        data = data.mapPartitionsWithIndex(rule.records)
+    return data
