@@ -13,7 +13,7 @@ import math
 import numpy as np
 import pytest
 
-from bigdl_py import nn
+from bigdl_py import backend, nn
 from bigdl_py.autograd import Tensor, gradcheck, ops
 
 F64 = np.float64
@@ -232,6 +232,25 @@ def test_fused_dropout_gradient_matches_finite_differences():
         return layer(*inputs, need_weights=False)[0]
 
     assert gradcheck(run, inputs + list(layer.parameters()))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not backend.cuda_available(), reason="needs CuPy and a CUDA device")
+@pytest.mark.parametrize("need_weights", [True, False])
+def test_attention_on_cuda_matches_cpu(need_weights):
+    cpu_layer = build({"batch_first": True})
+    cuda_layer = build({"batch_first": True}).to("cuda")
+    arrays = make_inputs("cross", cpu_layer)
+    options = {"attn_mask": causal(), "key_padding_mask": padding(), "need_weights": need_weights}
+    results = []
+    for layer, device in ((cpu_layer, "cpu"), (cuda_layer, "cuda")):
+        inputs = [Tensor(a, requires_grad=True, dtype=F64, device=device) for a in arrays]
+        output = flat(*layer(*inputs, **options))
+        output.backward(np.random.default_rng(1).standard_normal(output.shape))
+        gradients = [x.grad.numpy() for x in inputs] + [p.grad.numpy() for p in layer.parameters()]
+        results.append([output.numpy(), *gradients])
+    for on_cpu, on_cuda in zip(*results, strict=True):
+        np.testing.assert_allclose(on_cuda, on_cpu, rtol=1e-10, atol=1e-12)
 
 
 # --- dropout, dtype, initialisation -------------------------------------------------------------

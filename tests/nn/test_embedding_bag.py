@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bigdl_py import nn
+from bigdl_py import backend, nn
 from bigdl_py.autograd import Tensor, gradcheck
 
 F64 = np.float64
@@ -113,6 +113,27 @@ def test_embedding_bag_matches_pytorch(torch, kwargs, indices, offsets, weighted
         np.testing.assert_allclose(
             our_weights.grad.numpy(), their_weights.grad.numpy(), rtol=1e-5, atol=1e-12
         )
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not backend.cuda_available(), reason="needs CuPy and a CUDA device")
+@pytest.mark.parametrize("kwargs, indices, offsets, weighted", CASE_PARAMS)
+def test_embedding_bag_on_cuda_matches_cpu(kwargs, indices, offsets, weighted):
+    results = []
+    for device in ("cpu", "cuda"):
+        layer = build(kwargs).to(device)
+        per_sample = None
+        if weighted:
+            per_sample = Tensor(
+                sample_weights(indices), requires_grad=True, dtype=F64, device=device
+            )
+        output = layer(indices, offsets, per_sample)
+        output.backward(np.random.default_rng(1).standard_normal(output.shape))
+        results.append([output.numpy(), layer.weight.grad.numpy()])
+        if weighted:
+            results[-1].append(per_sample.grad.numpy())
+    for on_cpu, on_cuda in zip(*results, strict=True):
+        np.testing.assert_allclose(on_cuda, on_cpu, rtol=1e-10, atol=1e-12)
 
 
 def test_bags_equal_embedding_lookups_reduced():

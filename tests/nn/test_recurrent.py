@@ -13,7 +13,7 @@ import math
 import numpy as np
 import pytest
 
-from bigdl_py import nn
+from bigdl_py import backend, nn
 from bigdl_py.autograd import Tensor, gradcheck, ops
 
 F64 = np.float64
@@ -252,6 +252,24 @@ def test_reverse_direction_reads_the_sequence_back_to_front():
     both, _ = bidirectional(Tensor(x, dtype=F64))
     flipped, _ = reverse_only(Tensor(x[:, ::-1].copy(), dtype=F64))
     np.testing.assert_allclose(both.numpy()[:, :, HIDDEN_SIZE:], flipped.numpy()[:, ::-1])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not backend.cuda_available(), reason="needs CuPy and a CUDA device")
+@pytest.mark.parametrize("layer_class", [nn.LSTM, nn.GRU])
+def test_bidirectional_on_cuda_matches_cpu(layer_class):
+    results = []
+    for device in ("cpu", "cuda"):
+        with nn.init.seeded(0):
+            layer = layer_class(INPUT_SIZE, HIDDEN_SIZE, num_layers=2, bidirectional=True)
+        layer.to(device, dtype=F64)
+        x = Tensor(sequence(), requires_grad=True, dtype=F64, device=device)
+        output = flat_outputs(layer, x, None)
+        output.backward(np.random.default_rng(1).standard_normal(output.shape))
+        gradients = [p.grad.numpy() for p in layer.parameters()]
+        results.append([output.numpy(), x.grad.numpy(), *gradients])
+    for on_cpu, on_cuda in zip(*results, strict=True):
+        np.testing.assert_allclose(on_cuda, on_cpu, rtol=1e-10, atol=1e-12)
 
 
 def test_bidirectional_save_load_round_trip(tmp_path):

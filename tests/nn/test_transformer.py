@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bigdl_py import nn
+from bigdl_py import backend, nn
 from bigdl_py.autograd import Tensor, gradcheck
 
 F64 = np.float64
@@ -124,6 +124,22 @@ def test_encoder_matches_pytorch(torch, kwargs, num_layers, final_norm, options)
             atol=atol,
             err_msg=f"gradient of {name}",
         )
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not backend.cuda_available(), reason="needs CuPy and a CUDA device")
+def test_encoder_on_cuda_matches_cpu():
+    kwargs, options = layer_kwargs(norm_first=True, batch_first=True), {"pad": True, "causal": True}
+    results = []
+    for device in ("cpu", "cuda"):
+        encoder = build(kwargs, 2, True).to(device)
+        x = Tensor(source(True), requires_grad=True, dtype=F64, device=device)
+        output = call(encoder, x, options)
+        output.backward(np.random.default_rng(1).standard_normal(output.shape))
+        gradients = [p.grad.numpy() for p in encoder.parameters()]
+        results.append([output.numpy(), x.grad.numpy(), *gradients])
+    for on_cpu, on_cuda in zip(*results, strict=True):
+        np.testing.assert_allclose(on_cuda, on_cpu, rtol=1e-10, atol=1e-12)
 
 
 def test_encoder_layers_are_independent_copies_of_the_given_layer():
