@@ -247,3 +247,41 @@ def test_bad_metadata_raises_and_leaves_the_old_file(tmp_path):
     with pytest.raises(TypeError, match="metadata must map str to str"):
         nn.save_safetensors(nn.Linear(3, 2), path, metadata={"epoch": 3})
     assert path.read_bytes() == before
+
+
+def save_torch_state(torch, module, path):
+    safetensors_torch = pytest.importorskip("safetensors.torch")
+    safetensors_torch.save_file(module.state_dict(), str(path))
+
+
+def test_a_bidirectional_two_layer_lstm_loads_pytorch_weights(tmp_path, torch, rng):
+    torch.manual_seed(0)
+    reference = torch.nn.LSTM(5, 8, num_layers=2, bidirectional=True, batch_first=True)
+    path = tmp_path / "lstm.safetensors"
+    save_torch_state(torch, reference, path)
+    model = nn.LSTM(5, 8, num_layers=2, bidirectional=True, batch_first=True)
+    assert list(model.state_dict()) == list(reference.state_dict())
+    nn.load_safetensors(model, path)
+    sequence = rng.normal(size=(3, 6, 5)).astype(np.float32)
+    output, (hidden, cell) = model(Tensor(sequence))
+    with torch.no_grad():
+        expected, (expected_hidden, expected_cell) = reference(torch.from_numpy(sequence))
+    np.testing.assert_allclose(output.numpy(), expected.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(hidden.numpy(), expected_hidden.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(cell.numpy(), expected_cell.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_a_transformer_encoder_loads_pytorch_weights(tmp_path, torch, rng):
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(16, 4, 32, batch_first=True)
+    reference = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).eval()
+    path = tmp_path / "encoder.safetensors"
+    save_torch_state(torch, reference, path)
+    model = nn.TransformerEncoder(nn.TransformerEncoderLayer(16, 4, 32, batch_first=True), 2)
+    assert list(model.state_dict()) == list(reference.state_dict())
+    nn.load_safetensors(model, path)
+    model.eval()
+    sequence = rng.normal(size=(2, 7, 16)).astype(np.float32)
+    with torch.no_grad():
+        expected = reference(torch.from_numpy(sequence)).numpy()
+    np.testing.assert_allclose(model(Tensor(sequence)).numpy(), expected, rtol=1e-4, atol=1e-5)
