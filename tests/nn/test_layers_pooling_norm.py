@@ -14,7 +14,7 @@ import test_layers_parity as parity
 from layer_checks import check_save_load_round_trip
 
 from bigdl_py import backend, nn
-from bigdl_py.autograd import Tensor, gradcheck
+from bigdl_py.autograd import Tensor, gradcheck, ops
 
 F64 = np.float64
 
@@ -322,3 +322,15 @@ def test_dropout2d_drops_whole_channels_and_scales_like_pytorch(torch, shape):
         np.testing.assert_allclose(output, np.where(kept, values / (1 - p), 0.0), rtol=1e-12)
         np.testing.assert_allclose(gradient, np.where(kept, upstream / (1 - p), 0.0), rtol=1e-12)
         assert abs((~kept).mean() - p) < 0.05
+
+
+def test_functional_dropout2d_checks_its_settings_and_passes_through_when_off():
+    x = Tensor(np.ones((2, 3, 4, 4)))
+    assert ops.dropout2d(x, 0.5, training=False) is x
+    assert ops.dropout2d(x, 0.0) is x
+    with pytest.raises(ValueError, match=r"dropout2d: p must be in \[0, 1\], got 1.5"):
+        ops.dropout2d(x, 1.5)
+    with pytest.raises(ValueError, match=r"dropout2d: input must be \(N, C, H, W\) or \(N, C, L\)"):
+        ops.dropout2d(Tensor(np.ones((2, 3))), 0.5)
+    everything_dropped = ops.dropout2d(x, 1.0, rng=np.random.default_rng(0))
+    np.testing.assert_array_equal(everything_dropped.numpy(), np.zeros((2, 3, 4, 4)))
