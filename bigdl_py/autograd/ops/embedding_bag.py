@@ -38,12 +38,12 @@ class EmbeddingBag(Function):
         device = backend.device_of(weight)
         indices = backend.to_device(indices, device)
         bag_of = backend.to_device(bag_of, device)
+        self.keep = None  # which entries are not padding, when some may be
         if padding_idx is not None:
-            keep = indices != padding_idx
-            indices, bag_of = indices[keep], bag_of[keep]
+            self.keep = indices != padding_idx
+            indices, bag_of = indices[self.keep], bag_of[self.keep]
             if per_sample_weights is not None:
-                per_sample_weights = per_sample_weights[keep]
-            self.keep = keep
+                per_sample_weights = per_sample_weights[self.keep]
         self.mode, self.weight_shape, self.bag_count = mode, weight.shape, bag_count
         rows = xp.take(weight, indices, axis=0)
         if mode == "max":
@@ -66,8 +66,9 @@ class EmbeddingBag(Function):
         starts = xp.searchsorted(bag_of, xp.arange(self.bag_count))
         positions = xp.arange(bag_of.shape[0]) - starts[bag_of]
         longest = int(positions.max()) + 1 if positions.size else 1
-        # A dense (bags, longest, D) block padded with -inf: argmax over it finds each
-        # winner, and an empty bag is a row of -inf, set to zero below.
+        # A dense (bags, longest bag, D) block padded with -inf: argmax over it finds each
+        # winner, and an empty bag is a row of -inf, set to zero below. (Its size follows
+        # the longest bag; bags of very uneven lengths would want a segmented max instead.)
         dense = xp.full((self.bag_count, longest, size), -xp.inf, dtype=dtype)
         dense[bag_of, positions] = rows
         winner = dense.argmax(axis=1)  # (bags, D): the position in the bag
@@ -83,7 +84,7 @@ class EmbeddingBag(Function):
 
     def backward(self, grad):
         xp = backend.array_module(grad)
-        vocabulary, size = self.weight_shape
+        size = self.weight_shape[1]
         grad_weight = xp.zeros(self.weight_shape, dtype=grad.dtype)
         if self.mode == "max":
             (winning_row,) = self.saved
@@ -110,14 +111,14 @@ class EmbeddingBag(Function):
 
     def _expand(self, xp, kept_values):
         """Per-index values of the kept entries, with zeros at the padding entries."""
-        if not hasattr(self, "keep"):
+        if self.keep is None:
             return kept_values
         full = xp.zeros(self.keep.shape, dtype=kept_values.dtype)
         full[self.keep] = kept_values
         return full
 
     def _release_extra(self) -> None:
-        self.__dict__.pop("keep", None)
+        self.keep = None
 
 
 def _bag_sums(xp, rows, bag_of, bag_count: int):
