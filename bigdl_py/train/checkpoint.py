@@ -34,7 +34,9 @@ import numpy as np
 from bigdl_py.nn.serialization import atomic_write, read_npz, write_npz
 
 FORMAT = "bigdl_py.checkpoint"
-FORMAT_VERSION = 1
+# Version 2 adds "manifest_sha256": the manifest's own checksum, so a hand-edited epoch or
+# iteration is refused like a damaged array file (version 1 manifests carry none).
+FORMAT_VERSION = 2
 LATEST = "latest"
 _MANIFEST = re.compile(r"^checkpoint-(\d+)\.json$")
 _ARRAYS = re.compile(r"^checkpoint-(\d+)-[0-9a-f]+\.npz$")
@@ -130,6 +132,7 @@ def save_checkpoint(
         "arrays_sha256": _sha256(arrays_path),
         "metadata": metadata,
     }
+    manifest["manifest_sha256"] = _manifest_digest(manifest)
     text = json.dumps(manifest, indent=1, allow_nan=False).encode("utf-8")
     atomic_write(manifest_path, lambda file: file.write(text))
     atomic_write(os.path.join(directory, LATEST), lambda file: file.write(manifest_name.encode()))
@@ -145,6 +148,13 @@ def _sha256(path: str) -> str:
         for block in iter(lambda: file.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def _manifest_digest(manifest: dict) -> str:
+    """SHA-256 of the manifest's content (its own checksum left out), key order fixed."""
+    content = {key: value for key, value in manifest.items() if key != "manifest_sha256"}
+    text = json.dumps(content, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def _read_manifests(directory: str) -> dict[str, dict]:
@@ -199,12 +209,61 @@ def _parse_manifest(path: str) -> dict:
     missing = [key for key in required if key not in manifest]
     if missing:
         raise CheckpointError(f"checkpoint manifest {path} lacks {missing}")
+    # Types are checked, never coerced: a bad field makes the checkpoint unusable (and the
+    # directory's previous good one is used), not a TypeError in the middle of a resume.
+    for key, kind in _FIELD_TYPES.items():
+        value = manifest.get(key)
+        if key in manifest and (isinstance(value, bool) or not isinstance(value, kind)):
+            raise CheckpointError(
+                f"checkpoint manifest {path}: field {key!r} is {value!r} "
+                f"({type(value).__name__}); expected {_type_names(kind)}"
+            )
     if manifest["version"] > FORMAT_VERSION:
         raise CheckpointError(
             f"checkpoint {path} has format version {manifest['version']}; this bigdl_py reads "
             f"up to {FORMAT_VERSION}"
         )
+    if manifest["iteration"] < 0 or manifest["sequence"] < 0:
+        raise CheckpointError(f"checkpoint manifest {path}: negative iteration or sequence")
+    if manifest["version"] >= 2:
+        recorded = manifest.get("manifest_sha256")
+        if recorded != _manifest_digest(manifest):
+            raise CheckpointError(
+                f"checkpoint manifest {path} was changed after it was written (its SHA-256 "
+                f"does not match the recorded {recorded!r}); checkpoints are not edited by hand"
+            )
     return manifest
+
+
+_FIELD_TYPES = {
+    "version": int,
+    "iteration": int,
+    "sequence": int,
+    "arrays_file": str,
+    "arrays_sha256": str,
+    "arrays_bytes": int,
+    "created": (int, float),
+    "metadata": dict,
+    "manifest_sha256": str,
+}
+
+
+def _type_names(kind: type | tuple[type, ...]) -> str:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    return " or ".join(k.__name__ for k in kinds)
+
+
+def read_manifest(manifest_path: str | os.PathLike) -> dict:
+    """One checkpoint's manifest, checked (types, checksum), without reading its arrays.
+
+    Its ``"metadata"`` says what wrote it, e.g. for refusing another run's directory.
+
+    Raises
+    ------
+    CheckpointError
+        Naming the file, when it is unreadable, not a bigdl_py manifest, or altered.
+    """
+    return _parse_manifest(os.fspath(manifest_path))
 
 
 def read_checkpoint(manifest_path: str | os.PathLike) -> Checkpoint:

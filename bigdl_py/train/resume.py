@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from bigdl_py.train.checkpoint import Checkpoint
+from bigdl_py.train.checkpoint import Checkpoint, CheckpointError
 from bigdl_py.train.metrics import ValidationResult
 from bigdl_py.train.runner import IterationRunner
 from bigdl_py.train.triggers import TrainingState
@@ -92,11 +92,21 @@ def restore(
 
     Raises
     ------
+    CheckpointError
+        For a checkpoint another kind of run wrote (a ``DistriTrainer``'s, say).
     ValueError
         When the training set's fingerprint differs from the checkpoint's (the batches
         would differ), naming each setting.
     """
     metadata = checkpoint.metadata
+    missing = [key for key in ("state", "dataset", "optim_layout", "rng") if key not in metadata]
+    if missing:
+        writer = "a DistriTrainer (e.g. train_gan.py)" if "trainer" in metadata else "another"
+        raise CheckpointError(
+            f"cannot resume from {checkpoint.path}: it was written by {writer} run, not an "
+            f"Optimizer's (its metadata lacks {missing}); use that run's own checkpoint "
+            "directory"
+        )
     state = TrainingState.from_dict(metadata["state"])
     saved = metadata["dataset"]
     # A new batch size is fine at an epoch boundary; mid-epoch it would move the position.
