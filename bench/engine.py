@@ -1,16 +1,25 @@
 """Time float32 training steps of bigdl_py against PyTorch on the CPU, and the training loop.
 
-Run by hand: ``python bench/engine.py [--repeats 15] [--threads 1 2] [--models lenet mlp cnn]``.
+Run by hand: ``python bench/engine.py [--repeats 15] [--threads 1 2] [--models lenet cnn ...]``.
 
-Part 1, the engine. One step is forward, NLL loss, backward and an inline SGD-with-momentum
-update (``v = momentum * v + g; w -= lr * v``, one parameter array at a time) of:
+Part 1, the engine. One step is forward, loss, backward and an inline SGD-with-momentum
+update (``v = momentum * v + g; w -= lr * v``, one parameter array at a time) of
+(``bench/engine_models.py`` builds each in both frameworks):
 
 * LeNet-5: Conv(1->6,5)-Tanh-MaxPool2-Conv(6->12,5)-Tanh-MaxPool2-Linear(192->100)-Tanh-
   Linear(100->10)-LogSoftmax, 1x28x28, batch 128;
 * MLP 784-512-512-10 with ReLU (and LogSoftmax for the NLL loss), batch 256;
 * CIFAR CNN: Conv(3->32,3,pad1)-ReLU-Conv(32->32,3,pad1)-ReLU-MaxPool2-Conv(32->64,3,pad1)-
   ReLU-Conv(64->64,3,pad1)-ReLU-MaxPool2-Linear(4096->256)-ReLU-Linear(256->10), 3x32x32,
-  batch 64.
+  batch 64;
+* ResNet-18 in CIFAR form (``bigdl_py.models.resnet18``), 3x32x32, batch 64, cross-entropy;
+* a bidirectional LSTM text classifier (Embedding 10000x128, LSTM 128 both ways, Linear on
+  the two last states), sequences of 128 token ids, batch 32, cross-entropy;
+* NCF / NeuMF (``bigdl_py.models.ncf``) on MovieLens-1M's id ranges, batch 1024, MSE on
+  ratings.
+
+An entry whose ``bigdl_py.models`` function does not exist yet is skipped with a note.
+The first three end in LogSoftmax and take the NLL loss.
 
 Both frameworks build the same layers by the same names (``bigdl_py.nn`` follows PyTorch's),
 and PyTorch's model starts from bigdl_py's initial weights. The BLAS thread count is set
@@ -49,6 +58,9 @@ from collections.abc import Callable
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # engine_models
+
+from engine_models import LENET5, MODELS, build, images  # noqa: E402
 
 from bigdl_py import backend, nn  # noqa: E402
 from bigdl_py.autograd import Tensor  # noqa: E402
@@ -58,58 +70,9 @@ from bigdl_py.optim import SGD, FlatParameters  # noqa: E402
 LEARNING_RATE = 0.01
 MOMENTUM = 0.9
 
-# (layer class name, positional arguments, keyword arguments): the same in both libraries.
-LENET5 = [
-    ("Conv2d", (1, 6, 5), {}),
-    ("Tanh", (), {}),
-    ("MaxPool2d", (2,), {}),
-    ("Conv2d", (6, 12, 5), {}),
-    ("Tanh", (), {}),
-    ("MaxPool2d", (2,), {}),
-    ("Flatten", (), {}),
-    ("Linear", (192, 100), {}),
-    ("Tanh", (), {}),
-    ("Linear", (100, 10), {}),
-    ("LogSoftmax", (), {"dim": 1}),
-]
-MLP = [
-    ("Linear", (784, 512), {}),
-    ("ReLU", (), {}),
-    ("Linear", (512, 512), {}),
-    ("ReLU", (), {}),
-    ("Linear", (512, 10), {}),
-    ("LogSoftmax", (), {"dim": 1}),
-]
-CIFAR_CNN = [
-    ("Conv2d", (3, 32, 3), {"padding": 1}),
-    ("ReLU", (), {}),
-    ("Conv2d", (32, 32, 3), {"padding": 1}),
-    ("ReLU", (), {}),
-    ("MaxPool2d", (2,), {}),
-    ("Conv2d", (32, 64, 3), {"padding": 1}),
-    ("ReLU", (), {}),
-    ("Conv2d", (64, 64, 3), {"padding": 1}),
-    ("ReLU", (), {}),
-    ("MaxPool2d", (2,), {}),
-    ("Flatten", (), {}),
-    ("Linear", (4096, 256), {}),
-    ("ReLU", (), {}),
-    ("Linear", (256, 10), {}),
-    ("LogSoftmax", (), {"dim": 1}),
-]
-# key -> (name in the table, layers, batch input shape)
-MODELS = {
-    "lenet": ("LeNet-5", LENET5, (128, 1, 28, 28)),
-    "mlp": ("MLP", MLP, (256, 784)),
-    "cnn": ("CIFAR CNN", CIFAR_CNN, (64, 3, 32, 32)),
-}
-
-
-def build(library_nn, layers):
-    """``Sequential`` of ``layers`` from ``bigdl_py.nn`` or ``torch.nn``."""
-    return library_nn.Sequential(
-        *(getattr(library_nn, name)(*args, **kwargs) for name, args, kwargs in layers)
-    )
+# Losses by name, in both libraries (see ``engine_models.ModelSpec.loss``).
+BIGDL_LOSSES = {"nll": nn.NLLLoss, "cross_entropy": nn.CrossEntropyLoss, "mse": nn.MSELoss}
+TORCH_LOSSES = {"nll": "nll_loss", "cross_entropy": "cross_entropy", "mse": "mse_loss"}
 
 
 # --- one training step ---------------------------------------------------------------------
@@ -118,10 +81,10 @@ def build(library_nn, layers):
 class BigdlStep:
     """One bigdl_py training step on a fixed batch."""
 
-    def __init__(self, model, inputs: np.ndarray, labels: np.ndarray):
+    def __init__(self, model, inputs: np.ndarray, labels: np.ndarray, loss: str = "nll"):
         self.model = model
         self.parameters = list(model.parameters())
-        self.criterion = nn.NLLLoss()
+        self.criterion = BIGDL_LOSSES[loss]()
         self.inputs = Tensor(inputs, _copy=False)
         self.labels = labels
         self.velocities = [np.zeros_like(p.data) for p in self.parameters]
@@ -140,9 +103,12 @@ class BigdlStep:
 class TorchStep:
     """The same step in PyTorch, starting from the bigdl_py model's weights."""
 
-    def __init__(self, torch, layers, bigdl_model, inputs: np.ndarray, labels: np.ndarray):
+    def __init__(
+        self, torch, model, bigdl_model, inputs: np.ndarray, labels: np.ndarray, loss="nll"
+    ):
         self.torch = torch
-        self.model = build(torch.nn, layers)
+        self.model = model
+        self.loss = getattr(torch.nn.functional, TORCH_LOSSES[loss])
         state = {name: torch.from_numpy(array) for name, array in bigdl_model.state_dict().items()}
         self.model.load_state_dict(state, strict=True)
         self.parameters = list(self.model.parameters())
@@ -153,7 +119,7 @@ class TorchStep:
     def __call__(self) -> float:
         torch = self.torch
         self.model.zero_grad(set_to_none=False)
-        loss = torch.nn.functional.nll_loss(self.model(self.inputs), self.labels)
+        loss = self.loss(self.model(self.inputs), self.labels)
         loss.backward()
         with torch.no_grad():
             for parameter, velocity in zip(self.parameters, self.velocities, strict=True):
@@ -215,22 +181,17 @@ def seconds(run: Callable) -> float:
     return time.perf_counter() - start
 
 
-def random_batch(input_shape, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    inputs = rng.standard_normal(input_shape).astype(np.float32)
-    return inputs, rng.integers(0, 10, size=input_shape[0])
-
-
 def measure_step(key: str, threads: int, repeats: int, warmup: int, torch) -> dict:
     """Median and fastest step times (ms), and peak memory (MB), of both frameworks."""
-    name, layers, input_shape = MODELS[key]
+    spec = MODELS[key]
     with nn.init.seeded(0):
-        model = build(nn, layers)
-    inputs, labels = random_batch(input_shape)
-    steps = {"bigdl": BigdlStep(model, inputs, labels)}
+        model = spec.build()
+    inputs, labels = spec.batch(0)
+    steps = {"bigdl": BigdlStep(model, inputs, labels, spec.loss)}
     if torch is not None:
-        steps["torch"] = TorchStep(torch, layers, model, inputs, labels)
-    result = {"model": name, "threads": threads}
+        twin = spec.build_torch(torch)
+        steps["torch"] = TorchStep(torch, twin, model, inputs, labels, spec.loss)
+    result = {"model": spec.name, "threads": threads}
     with thread_limit(threads, torch):
         first_losses = {framework: step() for framework, step in steps.items()}
         for _ in range(warmup - 1):
@@ -284,12 +245,11 @@ def bare_epoch(model, dataset: ArrayDataset, batch_size: int) -> None:
 
 def measure_loop(threads: int, repeats: int, iterations: int) -> dict:
     """Samples/s of LocalOptimizer and of the bare loop on LeNet-5, and the overhead."""
-    _, layers, input_shape = MODELS["lenet"]
-    batch_size = input_shape[0]
-    features, labels = random_batch((batch_size * iterations,) + input_shape[1:], seed=1)
+    batch_size = 128
+    features, labels = images((batch_size * iterations, 1, 28, 28))(1)
     dataset = ArrayDataset(features, labels, shuffle=True, seed=0)
     with nn.init.seeded(0):
-        model = build(nn, layers)
+        model = build(nn, LENET5)
     runs = {"local_optimizer": local_optimizer_epoch, "bare_loop": bare_epoch}
     times = {kind: [] for kind in runs}
     with thread_limit(threads, None):
@@ -403,6 +363,10 @@ def main(argv: list[str] | None = None) -> None:
     print(f"load average (1, 5, 15 min) at start: {load_average()}")
     step_results = []
     for key in args.models:
+        missing = MODELS[key].missing()
+        if missing is not None:
+            print(f"skipping {key}: {missing}")
+            continue
         for threads in args.threads:
             step_results.append(measure_step(key, threads, args.repeats, args.warmup, torch))
             print(json.dumps(step_results[-1]), file=sys.stderr, flush=True)
