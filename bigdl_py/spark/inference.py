@@ -49,6 +49,7 @@ from bigdl_py.spark.dataframe import (
     require_arrow_udf,
 )
 from bigdl_py.spark.gpu import bind_task_device, check_device_request
+from bigdl_py.spark.session import CONNECT_INFERENCE_ALTERNATIVE, require_classic_spark
 from bigdl_py.train.batches import evaluate_batches, forward
 from bigdl_py.train.metrics import Loss, ValidationMethod, ValidationResult, check_methods
 
@@ -281,6 +282,7 @@ def _is_dataframe(data: Any) -> bool:
 def _spark_context(data: Any) -> SparkContext:
     from pyspark import RDD
 
+    require_classic_spark(data, "predict and evaluate", CONNECT_INFERENCE_ALTERNATIVE)
     if _is_dataframe(data):
         return data.sparkSession.sparkContext
     if isinstance(data, RDD):

@@ -290,3 +290,60 @@ def job_group(
     finally:
         for key, value in previous.items():
             sc.setLocalProperty(key, value)  # type: ignore[arg-type]
+
+
+# --- Spark Connect -----------------------------------------------------------------------------
+
+
+class SparkConnectNotSupportedError(RuntimeError):
+    """A Spark Connect session or DataFrame was given to something that needs the RDD API."""
+
+
+def is_spark_connect(obj: object) -> bool:
+    """Whether ``obj`` (a SparkSession or a DataFrame) belongs to a Spark Connect client.
+
+    Recognised by the class's module, so neither pyspark's Connect modules (which need
+    grpcio) nor a server are imported or reached.
+    """
+    return any(cls.__module__.startswith("pyspark.sql.connect") for cls in type(obj).__mro__)
+
+
+def require_classic_spark(obj: object, what: str, instead: str) -> None:
+    """Refuse a Spark Connect session or DataFrame up front, before any work.
+
+    Parameters
+    ----------
+    obj : SparkSession or DataFrame (anything else passes)
+    what : str
+        What needs the RDD API, for the message (e.g. ``"DistriOptimizer"``).
+    instead : str
+        What the user can do instead, for the message.
+
+    Raises
+    ------
+    SparkConnectNotSupportedError
+        When ``obj`` comes from a Spark Connect session.
+    """
+    if obj is not None and is_spark_connect(obj):
+        raise SparkConnectNotSupportedError(
+            f"{what} needs Spark's RDD API (SparkContext, broadcast variables, RDD "
+            "partitions), which a Spark Connect session (SparkSession.builder.remote(...)) "
+            f"does not offer. {instead}"
+        )
+
+
+#: What a Connect user can do instead of training through Spark (for the messages).
+CONNECT_TRAINING_ALTERNATIVE = (
+    "Run the training where a classic session can start (spark-submit the job to the "
+    "cluster, or SparkSession.builder.master(...) / bigdl_py.spark.get_spark() in a "
+    "notebook on the cluster), or train in this process with LocalOptimizer on arrays "
+    "collected with df.toArrow() / toPandas()."
+)
+
+#: What a Connect user can do instead of predict / evaluate / predict_udf (for the messages).
+CONNECT_INFERENCE_ALTERNATIVE = (
+    "From a Spark Connect client, save the model with bigdl_py.nn.save to storage the "
+    "executors can read and build pyspark.ml.functions.predict_batch_udf with a "
+    "make_predict_fn that calls bigdl_py.nn.load(path); or run in a classic session "
+    "(SparkSession.builder.master(...), bigdl_py.spark.get_spark())."
+)

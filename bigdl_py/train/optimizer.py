@@ -120,6 +120,7 @@ class Optimizer:
                 "batch_size); got a batch size where the end trigger goes — pass them by keyword"
             )
         if _is_spark_data(training_set):
+            _refuse_spark_connect(training_set)
             target = _distri_optimizer_class()
         else:
             target = LocalOptimizer
@@ -132,6 +133,13 @@ class Optimizer:
             end_trigger=end_trigger,
             **options,
         )
+
+
+def _refuse_spark_connect(training_set: Any) -> None:
+    """A Spark Connect DataFrame has no RDD API for DistriOptimizer: say so up front."""
+    from bigdl_py.spark.session import CONNECT_TRAINING_ALTERNATIVE, require_classic_spark
+
+    require_classic_spark(training_set, "DistriOptimizer", CONNECT_TRAINING_ALTERNATIVE)
 
 
 def _distri_optimizer_class() -> type:
