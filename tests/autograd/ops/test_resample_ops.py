@@ -72,6 +72,7 @@ def test_resampling_keeps_float32():
     for output in (
         ops.interpolate(x, scale_factor=2, mode="bilinear"),
         ops.adaptive_avg_pool2d(x, 3),
+        ops.adaptive_avg_pool2d(x, 1),
         ops.adaptive_max_pool2d(x, 3),
     ):
         assert output.dtype == np.float32
