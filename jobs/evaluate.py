@@ -16,6 +16,7 @@ import json
 import os
 import time
 
+import output_checks
 from inference_inputs import (
     InputData,
     add_data_arguments,
@@ -56,6 +57,10 @@ def main(argv=None) -> dict:
     from bigdl_py.spark.ml import class_index_column
     from bigdl_py.train import Loss, Top1Accuracy
 
+    if args.output_json:  # before the model is read or Spark starts
+        problem = output_checks.output_file_problem(args.output_json, "--output-json")
+        if problem:
+            raise SystemExit(problem)
     model = load_model(args.model)
     spark = start_spark(args, "bigdl_py evaluate")
     data = InputData(spark, args, needs_labels=True)

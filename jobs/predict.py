@@ -18,6 +18,7 @@ import argparse
 import os
 import time
 
+import output_checks
 from inference_inputs import (
     InputData,
     add_data_arguments,
@@ -49,15 +50,28 @@ def parse_arguments(argv=None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def check_locations(args: argparse.Namespace) -> None:
+    """Exit naming the problem when the output could not be written or would destroy data.
+
+    Run before the model is loaded or Spark starts, so a mistake costs a second.
+    """
+    problem = output_checks.input_output_clash(args.input, args.output)
+    if problem is None and not args.overwrite:
+        if "://" not in args.output and os.path.exists(args.output):
+            problem = f"--output {args.output!r} already exists; pass --overwrite to replace it"
+    if problem is None and not (args.overwrite and os.path.isdir(args.output)):
+        problem = output_checks.output_directory_problem(args.output)
+    if problem is not None:
+        raise SystemExit(problem)
+
+
 def main(argv=None) -> dict:
     args = parse_arguments(argv)
     from pyspark.sql import functions as F
 
     from bigdl_py.spark.inference import predict
 
-    if not args.overwrite and "://" not in args.output and os.path.exists(args.output):
-        # Checked before Spark starts, so the mistake costs a second, not a Spark start.
-        raise SystemExit(f"--output {args.output!r} already exists; pass --overwrite to replace it")
+    check_locations(args)
     model = load_model(args.model)
     spark = start_spark(args, "bigdl_py predict")
     data = InputData(spark, args, needs_labels=False)

@@ -32,6 +32,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
+import output_checks  # noqa: E402
 from training_arguments import add_training_arguments, check_training_arguments  # noqa: E402
 
 from bigdl_py import nn  # noqa: E402
@@ -72,7 +73,9 @@ def parse_arguments(argv=None) -> argparse.Namespace:
         "count (default 32)",
     )
     parser.add_argument("--log-every", type=int, default=50, help="print every N batches")
-    arguments = check_training_arguments(parser, parser.parse_args(argv))
+    arguments = check_training_arguments(
+        parser, parser.parse_args(argv), kind=output_checks.TRAINER_RUN, fashion_mnist=("train",)
+    )
     if arguments.log_every < 1:
         parser.error("--log-every must be positive")
     if arguments.hidden is None:
@@ -96,7 +99,7 @@ def main(argv=None) -> dict:
     spark = get_spark(arguments.master, app_name="bigdl_py GAN Fashion-MNIST")
     spark.sparkContext.setLogLevel("WARN")
     images, labels = fashion_mnist_raw("train", arguments.data)
-    if arguments.limit:
+    if arguments.limit is not None:
         images, labels = images[: arguments.limit], labels[: arguments.limit]
     partitions = arguments.partitions or task_slots(spark.sparkContext)
     print(

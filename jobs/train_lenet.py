@@ -25,7 +25,12 @@ import time
 # Runnable from a source checkout without installing (spark-submit puts only jobs/ on the path).
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from training_arguments import add_training_arguments, check_training_arguments  # noqa: E402
+import output_checks  # noqa: E402
+from training_arguments import (  # noqa: E402
+    add_training_arguments,
+    check_training_arguments,
+    default_if_none,
+)
 
 from bigdl_py import nn  # noqa: E402
 from bigdl_py.data import fashion_mnist  # noqa: E402
@@ -45,6 +50,7 @@ from bigdl_py.train import (  # noqa: E402
     validation_batches,
 )
 from bigdl_py.train.batches import as_array_dataset  # noqa: E402
+from bigdl_py.train.progress import Progress  # noqa: E402
 
 
 def parse_arguments(argv=None) -> argparse.Namespace:
@@ -82,8 +88,17 @@ def parse_arguments(argv=None) -> argparse.Namespace:
         help="iterations chained into one Spark job, 1 to 32 (default: 8 where the executors "
         "share a disk, else 1)",
     )
-    parser.add_argument("--no-progress", action="store_true")
-    return check_training_arguments(parser, parser.parse_args(argv))
+    parser.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress bar or per-iteration lines (each epoch's test accuracy is still shown)",
+    )
+    return check_training_arguments(
+        parser,
+        parser.parse_args(argv),
+        kind=output_checks.OPTIMIZER_RUN,
+        fashion_mnist=("train", "test"),
+    )
 
 
 def main(argv=None) -> float:
@@ -94,7 +109,7 @@ def main(argv=None) -> float:
     spark.sparkContext.setLogLevel("WARN")
     train_features, train_labels = fashion_mnist("train", arguments.data)
     test_features, test_labels = fashion_mnist("test", arguments.data)
-    if arguments.limit:
+    if arguments.limit is not None:
         train_features = train_features[: arguments.limit]
         train_labels = train_labels[: arguments.limit]
     partitions = arguments.partitions or task_slots(spark.sparkContext)
@@ -107,9 +122,9 @@ def main(argv=None) -> float:
     nn.init.manual_seed(arguments.seed)
     model = lenet5()
     if arguments.optimizer == "sgd":
-        method = SGD(lr=arguments.lr or 0.05, momentum=arguments.momentum)
+        method = SGD(lr=default_if_none(arguments.lr, 0.05), momentum=arguments.momentum)
     else:
-        method = Adam(lr=arguments.lr or 1e-3)
+        method = Adam(lr=default_if_none(arguments.lr, 1e-3))
     optimizer = DistriOptimizer(
         model,
         (train_features, train_labels),
@@ -123,7 +138,10 @@ def main(argv=None) -> float:
         iterations_per_job=arguments.iterations_per_job,
         seed=arguments.seed,
         device=arguments.device,
-        progress=not arguments.no_progress,
+        # --no-progress hides the bar and the per-iteration lines, not the epochs' results.
+        progress=Progress(True, bar=False, iteration_level=logging.DEBUG)
+        if arguments.no_progress
+        else True,
         spark=spark,
     )
     test_set = as_array_dataset((test_features, test_labels), "test set", shuffle=False)

@@ -1,0 +1,151 @@
+"""The jobs' argument and path checks, run as plain functions without Spark (issue 16, items
+1, 2, 3, 4, 5, 20): each refuses, before any work, what would lose data or a run's result."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "jobs"))
+
+import output_checks  # noqa: E402
+import training_arguments  # noqa: E402
+
+from bigdl_py.train.checkpoint import save_checkpoint  # noqa: E402
+
+
+@pytest.fixture
+def data_dir(tmp_path):
+    """A folder holding (empty) files under Fashion-MNIST's names: enough for the checks."""
+    folder = tmp_path / "fashion"
+    folder.mkdir()
+    for name in ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"):
+        (folder / name).write_bytes(b"")
+    for name in ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"):
+        (folder / name).write_bytes(b"")
+    return str(folder)
+
+
+def _lenet_arguments(*argv):
+    train_lenet = pytest.importorskip("train_lenet")
+    return train_lenet.parse_arguments(list(argv))
+
+
+def _refused(capsys, *argv, job=_lenet_arguments):
+    with pytest.raises(SystemExit) as exit_info:
+        job(*argv)
+    assert exit_info.value.code == 2
+    return capsys.readouterr().err
+
+
+def _checkpoint(directory, metadata):
+    arrays = {"weights": np.zeros(2, dtype=np.float32)}
+    return save_checkpoint(directory, 3, arrays, metadata)
+
+
+# --- item 1: an output that is (inside) the input ---
+@pytest.mark.parametrize(
+    ("source", "target"), [("d", "d"), ("d", "d/"), ("d", "d/out"), ("d/inner", "d")]
+)
+def test_output_that_is_or_nests_with_the_input_is_refused(tmp_path, source, target):
+    (tmp_path / "d" / "inner").mkdir(parents=True)
+    problem = output_checks.input_output_clash(str(tmp_path / source), str(tmp_path / target))
+    assert problem is not None and "--output" in problem
+
+
+def test_separate_input_and_output_pass(tmp_path):
+    assert output_checks.input_output_clash(str(tmp_path / "a"), str(tmp_path / "ab")) is None
+    assert output_checks.input_output_clash(None, str(tmp_path / "a")) is None
+
+
+def test_predict_refuses_its_own_input_before_reading_the_model(tmp_path):
+    predict = pytest.importorskip("predict")
+    (tmp_path / "data.parquet").mkdir()
+    path = str(tmp_path / "data.parquet")
+    arguments = predict.parse_arguments(
+        ["missing.bigdl", "--input", path, "--output", path, "--overwrite"]
+    )
+    with pytest.raises(SystemExit, match="is the --input; writing it would delete the input"):
+        predict.check_locations(arguments)
+    assert os.path.isdir(path)
+
+
+# --- item 3: outputs that are files ---
+def test_output_and_checkpoint_dir_that_are_files_are_refused(tmp_path, capsys, data_dir):
+    existing = tmp_path / "taken"
+    existing.write_text("not a directory")
+    error = _refused(capsys, "--data", data_dir, "--output", str(existing))
+    assert "--output" in error and "existing file" in error
+    error = _refused(capsys, "--data", data_dir, "--checkpoint-dir", str(existing))
+    assert "--checkpoint-dir" in error and "existing file" in error
+    nested = str(existing / "below")
+    assert "is a file" in output_checks.output_directory_problem(nested)
+
+
+def test_evaluate_json_output_that_is_a_directory_is_named(tmp_path):
+    problem = output_checks.output_file_problem(str(tmp_path), "--output-json")
+    assert problem is not None and "is a directory" in problem
+    assert output_checks.output_file_problem(str(tmp_path / "m.json"), "--output-json") is None
+
+
+# --- item 2: another run's checkpoints ---
+def test_fresh_run_into_another_runs_checkpoints_is_refused_naming_it(tmp_path, capsys, data_dir):
+    _checkpoint(tmp_path / "ckpt", {"trainer": {"size": 1}, "user": {}})
+    error = _refused(capsys, "--data", data_dir, "--checkpoint-dir", str(tmp_path / "ckpt"))
+    assert "DistriTrainer run's checkpoints" in error and "iteration 3" in error
+    arguments = _lenet_arguments(
+        "--data", data_dir, "--checkpoint-dir", str(tmp_path / "ckpt"), "--overwrite-checkpoints"
+    )
+    assert arguments.overwrite_checkpoints
+
+
+def test_resume_needs_checkpoints_of_the_same_kind(tmp_path, capsys, data_dir):
+    empty = tmp_path / "empty"
+    error = _refused(capsys, "--data", data_dir, "--checkpoint-dir", str(empty), "--resume")
+    assert "holds no checkpoint" in error
+    _checkpoint(tmp_path / "gan", {"trainer": {"size": 1}, "user": {}})
+    error = _refused(
+        capsys, "--data", data_dir, "--checkpoint-dir", str(tmp_path / "gan"), "--resume"
+    )
+    assert "DistriTrainer run's" in error and "resumes Optimizer runs only" in error
+    _checkpoint(tmp_path / "lenet", {"state": {}, "dataset": {}})
+    arguments = _lenet_arguments(
+        "--data", data_dir, "--checkpoint-dir", str(tmp_path / "lenet"), "--resume"
+    )
+    assert arguments.resume
+
+
+def test_gan_job_refuses_a_lenet_checkpoint_directory(tmp_path, capsys, data_dir):
+    train_gan = pytest.importorskip("train_gan")
+    _checkpoint(tmp_path / "lenet", {"state": {}, "dataset": {}})
+    error = _refused(
+        capsys,
+        "--data",
+        data_dir,
+        "--checkpoint-dir",
+        str(tmp_path / "lenet"),
+        job=lambda *argv: train_gan.parse_arguments(list(argv)),
+    )
+    assert "Optimizer run's checkpoints" in error
+
+
+# --- items 4, 5, 20: values and settings checked before Spark ---
+@pytest.mark.parametrize("limit", ["0", "-5"])
+def test_non_positive_limit_is_refused(capsys, data_dir, limit):
+    assert "--limit must be a positive" in _refused(capsys, "--data", data_dir, "--limit", limit)
+
+
+def test_zero_learning_rate_is_a_value_not_the_default():
+    assert training_arguments.default_if_none(0.0, 0.05) == 0.0
+    assert training_arguments.default_if_none(None, 0.05) == 0.05
+
+
+def test_missing_data_and_batch_below_partitions_are_refused_before_spark(tmp_path, capsys):
+    error = _refused(capsys, "--data", str(tmp_path))
+    assert "--data" in error and "Fashion-MNIST train files not found" in error
+    error = _refused(capsys, "--data", str(tmp_path), "--batch-size", "4", "--partitions", "8")
+    assert "--batch-size 4 is smaller than --partitions 8" in error
