@@ -87,11 +87,12 @@ class Softplus(Function):
     def forward(self, x, beta=1.0, threshold=20.0):
         _check_floating(x, "softplus")
         xp = backend.array_module(x)
-        scaled = x * x.dtype.type(beta)
+        scaled = x * x.dtype.type(beta) if beta != 1 else x
         linear = scaled > threshold
         self.save_for_backward(scaled, linear)
         smooth = _softplus(xp, scaled)
-        smooth /= x.dtype.type(beta)
+        if beta != 1:
+            smooth /= x.dtype.type(beta)
         # Exactly one of the two terms is non-zero (the smooth part is finite everywhere).
         smooth *= ~linear
         smooth += x * linear
