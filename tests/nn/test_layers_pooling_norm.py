@@ -102,6 +102,12 @@ CASES = [
         [(1, 2, 5, 3)],
     ),
     (
+        "upsample_recompute_scale_factor",
+        lambda: nn.Upsample(scale_factor=1.7, mode="bilinear", recompute_scale_factor=True),
+        lambda t: t.nn.Upsample(scale_factor=1.7, mode="bilinear", recompute_scale_factor=True),
+        [(1, 2, 3, 5)],
+    ),
+    (
         "group_norm",
         lambda: parity.with_random_affine(nn.GroupNorm(2, 4, dtype=F64)),
         lambda t: t.nn.GroupNorm(2, 4),
@@ -242,6 +248,16 @@ def test_shape_errors_name_the_layer_and_the_shape(layer, shape, message):
         (lambda: nn.InstanceNorm2d(3, momentum=2.0), r"InstanceNorm2d: momentum must be in"),
         (lambda: nn.Dropout2d(-0.1), r"Dropout2d: p must be a number in \[0, 1\]"),
         (lambda: nn.Upsample(), r"Upsample: give exactly one of size and scale_factor"),
+        (
+            lambda: nn.Upsample(size=3, recompute_scale_factor=True),
+            r"Upsample: recompute_scale_factor is meaningful with scale_factor only",
+        ),
+        (lambda: nn.MaxPool1d(2, ceil_mode=True), r"MaxPool1d: ceil_mode=True is not supported"),
+        (lambda: nn.MaxPool1d(2, dilation=2), r"MaxPool1d: dilation=2 is not supported"),
+        (
+            lambda: nn.AvgPool1d(2, count_include_pad=False),
+            r"AvgPool1d: count_include_pad=False is not supported \(only count_include_pad=True\)",
+        ),
         (lambda: nn.Upsample(size=2, scale_factor=2), r"Upsample: give exactly one of size"),
         (lambda: nn.Upsample(size=(2, 0)), r"Upsample: size must be a positive integer"),
         (lambda: nn.Upsample(scale_factor=-1.0), r"Upsample: scale_factor must be a positive"),

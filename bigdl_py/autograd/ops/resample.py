@@ -317,6 +317,7 @@ def interpolate(
     scale_factor=None,
     mode: str = "nearest",
     align_corners: bool | None = None,
+    recompute_scale_factor: bool | None = None,
 ):
     """Resize ``(N, C, H, W)`` input to ``size`` or by ``scale_factor`` (PyTorch's rules).
 
@@ -328,10 +329,12 @@ def interpolate(
         Output ``(OH, OW)``. Give exactly one of ``size`` and ``scale_factor``.
     scale_factor : float or (float, float), optional
         Output size ``floor(H * scale_factor)``; the source of each output is computed from
-        ``1 / scale_factor`` (PyTorch's ``recompute_scale_factor=None``).
+        ``1 / scale_factor`` unless ``recompute_scale_factor``.
     mode : {'nearest', 'bilinear'}
     align_corners : bool, optional
         Bilinear only (default False): map the corner pixels' centres onto each other.
+    recompute_scale_factor : bool, optional
+        With ``scale_factor``: True places sources by ``H / OH`` of the computed size.
 
     Raises
     ------
@@ -345,6 +348,12 @@ def interpolate(
         raise ValueError("interpolate: align_corners applies to mode='bilinear' only")
     height, width = x.shape[2:]
     out_size, scales = resolve_resize(size, scale_factor, (height, width), "interpolate")
+    if recompute_scale_factor:
+        if size is not None:
+            raise ValueError(
+                "interpolate: recompute_scale_factor is meaningful with scale_factor only"
+            )
+        scales = (None, None)  # place the sources as for an explicit size
     if mode == "nearest":
         factors = tuple(
             repeat_factor(size, out, scale)

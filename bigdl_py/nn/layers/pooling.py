@@ -133,11 +133,31 @@ class MaxPool1d(_Pool1d):
     padding : int
         Implicit padding on both ends that never wins the max; at most half the kernel.
 
+    dilation, return_indices, ceil_mode
+        Accepted for PyTorch's signature; only their defaults (1, False, False) are
+        supported: output lengths round down.
+
     Notes
     -----
-    Output lengths round down (PyTorch's ``ceil_mode=False``); ``dilation`` and
-    ``return_indices`` are not supported. A tie sends the gradient to the first maximum.
+    A tie sends the gradient to the first maximum, as in PyTorch.
     """
+
+    def __init__(
+        self,
+        kernel_size: int,
+        stride: int | None = None,
+        padding: int = 0,
+        dilation: int = 1,
+        return_indices: bool = False,
+        ceil_mode: bool = False,
+    ):
+        _refuse_unsupported(
+            "MaxPool1d",
+            dilation=(dilation, 1),
+            return_indices=(return_indices, False),
+            ceil_mode=(ceil_mode, False),
+        )
+        super().__init__(kernel_size, stride, padding)
 
     def forward(self, x):
         return self._pool(x, ops.max_pool2d)
@@ -152,12 +172,38 @@ class AvgPool1d(_Pool1d):
     stride : int, optional
         Default: ``kernel_size``.
     padding : int
-        Zero padding on both ends, counted in each window's divisor (PyTorch's
-        ``count_include_pad=True``); at most half the kernel.
+        Zero padding on both ends, counted in each window's divisor; at most half the kernel.
+    ceil_mode, count_include_pad
+        Accepted for PyTorch's signature; only their defaults (False, True) are supported.
     """
+
+    def __init__(
+        self,
+        kernel_size: int,
+        stride: int | None = None,
+        padding: int = 0,
+        ceil_mode: bool = False,
+        count_include_pad: bool = True,
+    ):
+        _refuse_unsupported(
+            "AvgPool1d",
+            ceil_mode=(ceil_mode, False),
+            count_include_pad=(count_include_pad, True),
+        )
+        super().__init__(kernel_size, stride, padding)
 
     def forward(self, x):
         return self._pool(x, ops.avg_pool2d)
+
+
+def _refuse_unsupported(layer_name: str, **settings) -> None:
+    """Raise naming the first PyTorch setting given a value other than the supported one."""
+    for name, (value, supported) in settings.items():
+        # ``True == 1``: a bool given for an int setting (or the reverse) is a mistake too.
+        if value != supported or isinstance(value, bool) != isinstance(supported, bool):
+            raise ValueError(
+                f"{layer_name}: {name}={value!r} is not supported (only {name}={supported!r})"
+            )
 
 
 class _AdaptivePool2d(Module):
@@ -254,11 +300,15 @@ class Upsample(Module):
         Bilinear only (default False): with True the corner pixels of input and output are
         aligned and the scale is ``(H - 1) / (OH - 1)``; with False pixels are squares and
         the scale is ``H / OH`` (or ``1 / scale_factor``).
+    recompute_scale_factor : bool, optional
+        With a ``scale_factor``: True places the source pixels by ``H / OH`` of the
+        computed output size instead of ``1 / scale_factor`` (they differ when
+        ``H * scale_factor`` is not whole), as in PyTorch.
 
     Notes
     -----
-    Source positions follow PyTorch's ``interpolate`` with ``recompute_scale_factor=None``,
-    so outputs match PyTorch's for fractional scale factors too. BigDL's
+    Source positions follow PyTorch's ``interpolate``, so outputs match PyTorch's for
+    fractional scale factors too. BigDL's
     ``UpSampling2D(size)`` is ``Upsample(scale_factor=size)`` and its ``ResizeBilinear``
     is ``Upsample(size=..., mode="bilinear")``.
     """
@@ -269,6 +319,7 @@ class Upsample(Module):
         scale_factor: float | tuple[float, float] | None = None,
         mode: str = "nearest",
         align_corners: bool | None = None,
+        recompute_scale_factor: bool | None = None,
     ):
         super().__init__()
         if mode not in ("nearest", "bilinear"):
@@ -280,6 +331,13 @@ class Upsample(Module):
             )
         # The checks of ``interpolate``, run now so a bad setting fails at construction.
         ops.resolve_resize(size, scale_factor, (1 << 20, 1 << 20), "Upsample")
+        if recompute_scale_factor and size is not None:
+            raise ValueError(
+                "Upsample: recompute_scale_factor is meaningful with scale_factor only"
+            )
+        self.recompute_scale_factor = (
+            None if recompute_scale_factor is None else bool(recompute_scale_factor)
+        )
         self.size = tuple(size) if isinstance(size, list) else size
         self.scale_factor = tuple(scale_factor) if isinstance(scale_factor, list) else scale_factor
         self.mode = mode
@@ -288,7 +346,14 @@ class Upsample(Module):
     def forward(self, x):
         check_ndim(self, x, (4,), "(N, C, H, W)")
         try:
-            return ops.interpolate(x, self.size, self.scale_factor, self.mode, self.align_corners)
+            return ops.interpolate(
+                x,
+                self.size,
+                self.scale_factor,
+                self.mode,
+                self.align_corners,
+                self.recompute_scale_factor,
+            )
         except ValueError as error:
             raise ValueError(f"{label(self)}: {error} (input shape {tuple(x.shape)})") from None
 
@@ -298,4 +363,6 @@ class Upsample(Module):
         else:
             setting = f"scale_factor={self.scale_factor}"
         corners = "" if self.align_corners is None else f", align_corners={self.align_corners}"
+        if self.recompute_scale_factor is not None:
+            corners += f", recompute_scale_factor={self.recompute_scale_factor}"
         return f"{setting}, mode={self.mode!r}{corners}"

@@ -23,6 +23,11 @@ INTERPOLATE_CASES = [
         {"size": (7, 5), "mode": "bilinear", "align_corners": True},
     ),
     ("bilinear_to_one_pixel", (1, 1, 4, 4), {"size": 1, "mode": "bilinear"}),
+    (
+        "nearest_recomputed_scale",
+        (1, 2, 3, 7),
+        {"scale_factor": 1.7, "recompute_scale_factor": True},
+    ),
     ("bilinear_from_one_pixel", (1, 1, 1, 2), {"size": (3, 5), "mode": "bilinear"}),
 ]
 INTERPOLATE_PARAMS = [pytest.param(*case[1:], id=case[0]) for case in INTERPOLATE_CASES]
