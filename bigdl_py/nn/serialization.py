@@ -255,6 +255,9 @@ class _Decoder:
             return self.built[int(config["__ref__"])]
         name = config.get("class")
         cls = self.classes.get(name)
+        if cls is None and _register_project_models():
+            self.classes = _registry()
+            cls = self.classes.get(name)
         if cls is None:
             raise ValueError(
                 f"{self.path}: unknown module class {name!r}; load builds only bigdl_py.nn "
@@ -267,7 +270,12 @@ class _Decoder:
             args = [self.value(item) for item in config.get("args", [])]
             kwargs = {key: self.value(item) for key, item in config.get("kwargs", {}).items()}
             module = cls(*args, **kwargs)
-        module.train(bool(config.get("training", True)))
+        training = config.get("training", True)
+        if not isinstance(training, bool):  # "false" would be truthy: check, never coerce
+            raise ValueError(
+                f"{self.path}: module {name!r} has training={training!r}; expected true or false"
+            )
+        module.train(training)
         self.built[int(config["id"])] = module
         return module
 
@@ -296,13 +304,67 @@ def module_config(module: Module) -> dict:
     return _Encoder().module(module)
 
 
-def module_from_config(config: Mapping, source: str = "<config>") -> Module:
-    """Build a module (fresh weights) from :func:`module_config` output."""
+def module_from_config(
+    config: Mapping, source: str = "<config>", max_values: int | None = None
+) -> Module:
+    """Build a module (fresh weights) from :func:`module_config` output.
+
+    ``max_values`` bounds how many initial weight values construction may draw: ``load``
+    passes what the file stores, so a small file declaring a huge layer fails at once
+    instead of filling gigabytes that its stored weights would then not fit.
+    """
     from bigdl_py.nn import init
 
     # Building draws initial weights; a private stream keeps the user's seeded one untouched.
-    with init.seeded(0):
+    with init.seeded(0) as generator:
+        if max_values is not None:
+            # init's draws all go through this module-level generator (init._generator).
+            init._default_generator = _DrawBudget(generator, max_values, source)
         return _Decoder(source).module(config)
+
+
+class _DrawBudget:
+    """A random generator that refuses to draw more than ``limit`` values in all."""
+
+    def __init__(self, generator: np.random.Generator, limit: int, source: str):
+        self._generator = generator
+        self._limit = limit
+        self._source = source
+        self._drawn = 0
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._generator, name)
+        if not callable(method):
+            return method
+
+        def draw(*args: Any, **kwargs: Any) -> Any:
+            size = kwargs.get("size")
+            self._drawn += 1 if size is None else int(np.prod(size, dtype=np.float64))
+            if self._drawn > self._limit:
+                raise ValueError(
+                    f"{self._source}: the stored architecture declares more weights than the "
+                    f"file holds (building it needs over {self._drawn:,} values, the file "
+                    f"stores {self._limit:,} in all); refusing to allocate them"
+                )
+            return method(*args, **kwargs)
+
+        return draw
+
+
+def _register_project_models() -> bool:
+    """Import bigdl_py.models, whose modules register the project's own models (GAN, NCF,
+    ResNet...) on import; True the first time. A fixed module: nothing named by the file
+    is ever imported."""
+    global _project_models_imported
+    if _project_models_imported:
+        return False
+    _project_models_imported = True
+    import bigdl_py.models  # noqa: F401
+
+    return True
+
+
+_project_models_imported = False
 
 
 # --- save / load --------------------------------------------------------------------------------
@@ -368,20 +430,39 @@ def load(path: str | os.PathLike, device: str | backend.Device = "cpu") -> Modul
             f"{path} was written by a newer bigdl_py (model format version "
             f"{architecture['version']}; this one reads up to {FORMAT_VERSION})"
         )
+    # Initialisation may draw what the file stores and some slack (layers that own no stored
+    # array, rounding); far more means the architecture does not match the weights.
+    stored = sum(int(array.size) for array in arrays.values())
     try:
-        model = module_from_config(architecture["model"], path)
+        model = module_from_config(architecture["model"], path, 2 * stored + 1_000_000)
     except (KeyError, TypeError, IndexError, AttributeError) as error:
         raise ValueError(f"{path}: cannot rebuild the stored architecture: {error!r}") from error
+    except MemoryError:
+        raise ValueError(
+            f"{path}: the stored architecture declares layers too large to allocate, while the "
+            f"file stores {stored:,} weight values; it does not match its weights"
+        ) from None
     try:
         model.load_state_dict(arrays)
     except ValueError as error:
         raise ValueError(f"{path}: the weights do not fit the architecture: {error}") from None
-    _keep_saved_dtypes(model, arrays)
+    _keep_saved_dtypes(model, arrays, path)
     return model.to(device)
 
 
-def _keep_saved_dtypes(model: Module, arrays: Mapping[str, np.ndarray]) -> None:
-    """Give each tensor its saved dtype (a model cast after construction, e.g. ``.double()``)."""
+def _keep_saved_dtypes(model: Module, arrays: Mapping[str, np.ndarray], path: str) -> None:
+    """Give each tensor its saved dtype (a model cast after construction, e.g. ``.double()``).
+
+    The floating-point arrays of a file must share one dtype: one float16 array among
+    float32 ones is damage or a mistake, not a model bigdl_py wrote.
+    """
+    floating: dict[np.dtype, str] = {}
+    for key, array in arrays.items():
+        if np.issubdtype(array.dtype, np.floating):
+            floating.setdefault(array.dtype, key)
+    if len(floating) > 1:
+        examples = ", ".join(f"{key} is {dtype}" for dtype, key in floating.items())
+        raise ValueError(f"{path}: the stored weights mix floating-point dtypes ({examples})")
     for module_name, module in model.named_modules():
         for registry in (module._parameters, module._buffers):
             for name, value in registry.items():
