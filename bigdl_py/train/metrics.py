@@ -120,8 +120,26 @@ def _array(value: Any) -> Any:
     return value.data if isinstance(value, Tensor) else value
 
 
-def _class_targets(target: Any, like: Any, method: str) -> Any:
-    """Targets as a 1-D integer array on ``like``'s device."""
+def _whole_numbers(values: Any, method: str) -> Any:
+    """Class labels as int64 (same shape): whole-number floats (Spark ML's doubles) are
+    indices; a fractional or NaN label raises instead of being truncated."""
+    if values.dtype.kind == "f":
+        xp = backend.array_module(values)
+        bad = ~xp.isfinite(values) | (values != xp.floor(xp.nan_to_num(values)))
+        if bool(xp.any(bad)):
+            position = int(xp.argmax(bad.reshape(-1)))
+            raise ValueError(
+                f"{method}: target {values.reshape(-1)[position].item()!r} at index {position} "
+                f"is not a class index ({int(xp.sum(bad))} such target(s) in the batch)"
+            )
+    elif values.dtype.kind not in "iub":
+        raise ValueError(f"{method}: targets must be class indices, got dtype {values.dtype}")
+    return values.astype(np.int64, copy=False)
+
+
+def _class_targets(target: Any, like: Any, method: str, num_classes: int | None = None) -> Any:
+    """Targets as a 1-D integer array on ``like``'s device, checked as training checks them:
+    an out-of-range label raises instead of being scored as a miss."""
     target = backend.to_device(_array(target), backend.device_of(like))
     if target.ndim == 2 and target.shape[1] == 1:
         target = target[:, 0]
@@ -129,7 +147,18 @@ def _class_targets(target: Any, like: Any, method: str) -> Any:
         raise ValueError(
             f"{method}: targets must be class indices of shape (n,), got shape {target.shape}"
         )
-    return target.astype(np.int64, copy=False)
+    labels = _whole_numbers(target, method)
+    if num_classes is not None:
+        xp = backend.array_module(labels)
+        outside = (labels < 0) | (labels >= num_classes)
+        if bool(xp.any(outside)):
+            position = int(xp.argmax(outside))
+            raise ValueError(
+                f"{method}: target {labels[position].item()} at index {position} is outside "
+                f"the {num_classes} classes [0, {num_classes}) of the output "
+                f"({int(xp.sum(outside))} such target(s) in the batch)"
+            )
+    return labels
 
 
 class TopKAccuracy(ValidationMethod):
@@ -159,8 +188,10 @@ class TopKAccuracy(ValidationMethod):
     def batch_result(self, output: Any, target: Any) -> ValidationResult:
         scores = _array(output)
         xp = backend.array_module(scores)
-        labels = _class_targets(target, scores, self.name)
-        if scores.ndim == 1 or (scores.ndim == 2 and scores.shape[1] == 1):
+        binary = scores.ndim == 1 or (scores.ndim == 2 and scores.shape[1] == 1)
+        classes = 2 if binary else (scores.shape[1] if scores.ndim == 2 else None)
+        labels = _class_targets(target, scores, self.name, classes)
+        if binary:
             predicted = (scores.reshape(-1) >= 0.5).astype(np.int64)
             correct = xp.sum(predicted == labels)
         elif scores.ndim == 2:
@@ -229,6 +260,15 @@ class Loss(ValidationMethod):
                 "Loss() has no criterion: pass one (Loss(nn.NLLLoss())), or use it through an "
                 "optimizer's set_validation, which supplies the training criterion"
             )
+        from bigdl_py.nn.loss import _ClassLoss
+
+        values = _array(target)
+        values = values if hasattr(values, "dtype") else np.asarray(values)
+        # Float class indices (not CrossEntropyLoss's soft labels, shaped as the output):
+        # the one rule of class labels; the criterion itself checks their range.
+        indices = getattr(values, "shape", None) != getattr(_array(output), "shape", None)
+        if isinstance(self.criterion, _ClassLoss) and indices and values.dtype.kind == "f":
+            target = _whole_numbers(values, self.name)
         if not isinstance(target, Tensor):
             target = Tensor(target, _copy=False)
         value = self.criterion(output, target)
