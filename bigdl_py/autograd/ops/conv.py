@@ -71,20 +71,23 @@ def offset_slices(
     )
 
 
-def _padded_tile(source, start, stop, before, padded_hw, scratch, name):
+def _padded_tile(source, start, stop, before, padded_hw, scratch, name, full_width=False):
     """``source[start:stop]`` placed ``before`` rows/columns into a zero ``padded_hw`` frame.
 
     Rows and columns of the source that fall beyond the frame are dropped (a transposed
     convolution's backward uses that to skip rows no window reaches). The frame is a
     per-thread buffer zeroed once per op: every tile writes the same interior, so the border
-    stays zero.
+    stays zero. For ``full_width`` columns the frame is always a copy, contiguous, with one
+    row of slack after it (the last windows read up to a row past the frame's end).
     """
-    if before == (0, 0) and tuple(source.shape[2:]) == tuple(padded_hw):
+    if not full_width and before == (0, 0) and tuple(source.shape[2:]) == tuple(padded_hw):
         return source[start:stop]
     xp = backend.array_module(source)
     channels, height, width = source.shape[1:]
     shape = (stop - start, channels) + tuple(padded_hw)
-    frame = scratch_array(scratch, name, shape, source.dtype, xp, zeroed=True)
+    size = shape[0] * channels * padded_hw[0] * padded_hw[1]
+    flat = scratch_array(scratch, name, (size + padded_hw[1],), source.dtype, xp, zeroed=True)
+    frame = flat[:size].reshape(shape)
     height = min(height, padded_hw[0] - before[0])
     width = min(width, padded_hw[1] - before[1])
     frame[:, :, before[0] : before[0] + height, before[1] : before[1] + width] = source[
@@ -98,43 +101,61 @@ def _columns_tile(padded, kernel, stride, dilation, out_hw, groups, scratch, nam
 
     The strided view is ``(C, KH, KW, T, OH, OW)``: the copy reads whole output rows of the
     input (contiguous for stride 1) and writes the columns in order.
+
+    For stride 1 the columns are "full width": ``L = OH * Wp``, each output row computed at
+    all ``Wp`` positions of the padded row, the last ``Wp - OW`` of them garbage that
+    ``_store_tile`` drops (and that ``_channels_first_tile`` meets with zero gradients). Then
+    each ``(c, kh, kw, sample)`` window is ONE contiguous run of ``OH * Wp`` elements of the
+    frame, copied 2-4x faster than ``OH`` runs of ``OW``, for 6-12 % more GEMM work on the
+    CIFAR CNN's 32x32 and 16x16 layers. ``padded`` must then come from ``_padded_tile(...,
+    full_width=True)`` (the last windows run into its slack).
     """
     xp = backend.array_module(padded)
     tile, channels = padded.shape[:2]
     stride_n, stride_c, stride_h, stride_w = padded.strides
+    if _full_width(stride):
+        shape = (channels, kernel[0], kernel[1], tile, out_hw[0] * padded.shape[3])
+        last_axis = (stride_w,)
+    else:
+        shape = (channels, kernel[0], kernel[1], tile, out_hw[0], out_hw[1])
+        last_axis = (stride_h * stride[0], stride_w * stride[1])
     windows = xp.lib.stride_tricks.as_strided(
         padded,
-        shape=(channels, kernel[0], kernel[1], tile, out_hw[0], out_hw[1]),
-        strides=(
-            stride_c,
-            stride_h * dilation[0],
-            stride_w * dilation[1],
-            stride_n,
-            stride_h * stride[0],
-            stride_w * stride[1],
-        ),
+        shape=shape,
+        strides=(stride_c, stride_h * dilation[0], stride_w * dilation[1], stride_n) + last_axis,
     )
     columns = scratch_array(scratch, name, windows.shape, padded.dtype, xp)
     columns[...] = windows
-    return columns.reshape(groups, -1, tile * out_hw[0] * out_hw[1])
+    return columns.reshape(groups, -1, columns[0, 0, 0].size)
 
 
-def _channels_first_tile(array, start, stop, groups, scratch, name):
-    """``array[start:stop] (T, O, H, W) -> (g, O/g, T*H*W)``, as the columns lay samples out."""
+def _full_width(stride) -> bool:
+    return tuple(stride) == (1, 1)
+
+
+def _channels_first_tile(array, start, stop, groups, scratch, name, row_width=None):
+    """``array[start:stop] (T, O, H, W) -> (g, O/g, T*H*row_width)``, as the columns lay
+    samples out; columns past ``W`` (full-width rows) are zeros."""
     xp = backend.array_module(array)
     tile = array[start:stop]
-    buffer = scratch_array(
-        scratch, name, (tile.shape[1], tile.shape[0]) + tile.shape[2:], tile.dtype, xp
-    )
-    buffer[...] = xp.swapaxes(tile, 0, 1)
-    return buffer.reshape(groups, array.shape[1] // groups, -1)
+    channels, samples, (height, width) = tile.shape[1], tile.shape[0], tile.shape[2:]
+    row_width = width if row_width is None else row_width
+    buffer = scratch_array(scratch, name, (channels, samples, height, row_width), tile.dtype, xp)
+    if row_width > width:
+        buffer[..., width:] = 0  # every tile: a smaller last tile lays the buffer out anew
+    buffer[..., :width] = xp.swapaxes(tile, 0, 1)
+    return buffer.reshape(groups, channels // groups, -1)
 
 
 def _store_tile(product, out, start, stop, bias=None) -> None:
-    """Write a tile's ``(g, O/g, T*L)`` product into ``out[start:stop]`` (NCHW), plus ``bias``."""
+    """Write a tile's ``(g, O/g, T*L)`` product into ``out[start:stop]`` (NCHW), plus ``bias``.
+
+    ``L`` may be ``OH`` full-width rows (see ``_columns_tile``): their tails are dropped.
+    """
     xp = backend.array_module(out)
     channels, (height, width) = out.shape[1], out.shape[2:]
-    samples = product.reshape(channels, stop - start, height, width).transpose(1, 0, 2, 3)
+    rows = product.reshape(channels, stop - start, height, -1)[..., :width]
+    samples = rows.transpose(1, 0, 2, 3)
     if bias is None:
         out[start:stop] = samples
     else:
@@ -163,7 +184,9 @@ def convolve(x, weight, stride, before, padded_hw, dilation, groups: int, bias=N
     size, on_gpu = _tiles(batch, rows * out_hw[0] * out_hw[1] * x.itemsize, x)
 
     def work(start, stop, scratch):
-        padded = _padded_tile(x, start, stop, before, padded_hw, scratch, "input")
+        padded = _padded_tile(
+            x, start, stop, before, padded_hw, scratch, "input", _full_width(stride)
+        )
         columns = _columns_tile(
             padded, (kernel_h, kernel_w), stride, dilation, out_hw, groups, scratch, "columns"
         )
@@ -204,8 +227,10 @@ def convolution_weight_gradient(
     size, on_gpu = _tiles(batch, rows * out_hw[0] * out_hw[1] * x.itemsize, x)
 
     def work(start, stop, scratch):
-        grouped_grad = _channels_first_tile(grad, start, stop, groups, scratch, "grad")
-        padded = _padded_tile(x, start, stop, before, padded_hw, scratch, "input")
+        full_width = _full_width(stride)
+        row_width = padded_hw[1] if full_width else None
+        grouped_grad = _channels_first_tile(grad, start, stop, groups, scratch, "grad", row_width)
+        padded = _padded_tile(x, start, stop, before, padded_hw, scratch, "input", full_width)
         columns = _columns_tile(
             padded, (kernel_h, kernel_w), stride, dilation, out_hw, groups, scratch, "columns"
         )

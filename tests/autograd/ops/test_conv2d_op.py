@@ -181,16 +181,17 @@ def conv_results(op, arrays, **settings):
     ],
     ids=["conv2d_flipped_kernel", "conv2d_col2im", "conv_transpose2d"],
 )
+@pytest.mark.parametrize("samples_per_tile", [1, 3])
 def test_tiles_shared_among_threads_give_the_one_tile_result(
-    monkeypatch, rng, op, shapes, settings
+    monkeypatch, rng, op, shapes, settings, samples_per_tile
 ):
-    # The batch of 7 splits unevenly; threads take tiles in any order and sum their own
-    # weight gradients, so only the summation order may differ.
+    # The batch of 7 splits into tiles of 1, or 3 + 3 + 1 (a smaller last tile reuses the
+    # first elements of each thread's buffers); threads take tiles in any order and sum
+    # their own weight gradients, so only the summation order may differ.
     arrays = [rng.standard_normal(shape) for shape in shapes]
     with backend.blas_threads(1):
         expected = conv_results(op, arrays, **settings)
-    monkeypatch.setattr(conv_tiles, "MIN_SPLIT_BYTES", 0)
-    monkeypatch.setattr(conv_tiles, "TILE_BYTES", 1)  # one sample per tile
+    monkeypatch.setattr(conv, "tile_size", lambda *args: samples_per_tile)
     with backend.blas_threads(2):
         tiled = conv_results(op, arrays, **settings)
         # The BLAS limit the threads ran under is given back.
