@@ -36,6 +36,7 @@ from bigdl_py import nn  # noqa: E402
 from bigdl_py.data import fashion_mnist  # noqa: E402
 from bigdl_py.models import lenet5  # noqa: E402
 from bigdl_py.optim import SGD, Adam  # noqa: E402
+from bigdl_py.spark import LocalSGD  # noqa: E402
 from bigdl_py.spark.distri_optimizer import DistriOptimizer  # noqa: E402
 from bigdl_py.spark.session import get_spark, task_slots  # noqa: E402
 from bigdl_py.train import (  # noqa: E402
@@ -75,23 +76,31 @@ def parse_arguments(argv=None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--update",
-        choices=("sharded", "replicated"),
-        default="sharded",
-        help="sharded: BigDL's AllReduce, each partition steps its slice (two stages per "
-        "iteration); replicated: every partition steps the whole vector (one stage per "
-        "iteration, faster for small models)",
+        choices=("auto", "sharded", "replicated", "local-sgd"),
+        default="auto",
+        help="auto (default): replicated with 16 iterations per job for small models, else "
+        "sharded (docs/deploy.md); sharded: BigDL's AllReduce, each partition steps its "
+        "slice (two stages per iteration); replicated: every partition steps the whole vector "
+        "(one stage per iteration); local-sgd: each partition trains its own replica for "
+        "--period iterations, then the replicas are averaged (not exact)",
+    )
+    parser.add_argument(
+        "--period",
+        type=int,
+        default=8,
+        help="with --update local-sgd: iterations between two averagings (default 8)",
     )
     parser.add_argument(
         "--iterations-per-job",
         type=int,
         default=None,
-        help="iterations chained into one Spark job, 1 to 32 (default: 8 where the executors "
-        "share a disk, else 1)",
+        help="iterations chained into one Spark job, 1 to 32 (default: as --update auto "
+        "picks them, else 8 where the executors share a disk, and 1 otherwise)",
     )
     parser.add_argument(
         "--no-progress",
         action="store_true",
-        help="no progress bar or per-iteration lines (each epoch's test accuracy is still shown)",
+        help="no progress bar, one loss line per epoch (each epoch's test accuracy is still shown)",
     )
     return check_training_arguments(
         parser,
@@ -99,6 +108,13 @@ def parse_arguments(argv=None) -> argparse.Namespace:
         kind=output_checks.OPTIMIZER_RUN,
         fashion_mnist=("train", "test"),
     )
+
+
+def progress_reporting(no_progress: bool) -> Progress:
+    """--no-progress hides the bar and the lines within an epoch, not the epochs' results."""
+    if no_progress:
+        return Progress(True, bar=False, log_interval=10**9)
+    return Progress(True)
 
 
 def main(argv=None) -> float:
@@ -134,14 +150,15 @@ def main(argv=None) -> float:
         end_trigger=MaxEpoch(arguments.epochs),
         num_partitions=partitions,
         wire_dtype=arguments.wire_dtype,
-        update=arguments.update,
+        update=(
+            LocalSGD(period=arguments.period)
+            if arguments.update == "local-sgd"
+            else arguments.update
+        ),
         iterations_per_job=arguments.iterations_per_job,
         seed=arguments.seed,
         device=arguments.device,
-        # --no-progress hides the bar and the per-iteration lines, not the epochs' results.
-        progress=Progress(True, bar=False, iteration_level=logging.DEBUG)
-        if arguments.no_progress
-        else True,
+        progress=progress_reporting(arguments.no_progress),
         spark=spark,
     )
     test_set = as_array_dataset((test_features, test_labels), "test set", shuffle=False)

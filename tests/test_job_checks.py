@@ -149,3 +149,13 @@ def test_missing_data_and_batch_below_partitions_are_refused_before_spark(tmp_pa
     assert "--data" in error and "Fashion-MNIST train files not found" in error
     error = _refused(capsys, "--data", str(tmp_path), "--batch-size", "4", "--partitions", "8")
     assert "--batch-size 4 is smaller than --partitions 8" in error
+
+
+# --- item 21: --no-progress keeps each epoch's results ---
+def test_no_progress_still_reports_epochs(caplog):
+    train_lenet = pytest.importorskip("train_lenet")
+    quiet = train_lenet.progress_reporting(no_progress=True)
+    assert quiet.enabled and not quiet.uses_bar()
+    with caplog.at_level("INFO", logger="bigdl_py"):
+        quiet.message("validation: Top1Accuracy: 0.8800")
+    assert "Top1Accuracy: 0.8800" in caplog.text

@@ -31,7 +31,7 @@ import numpy as np
 from bigdl_py.nn.module import Module
 from bigdl_py.optim import ConstantClipping, L2NormClipping, OptimMethod
 from bigdl_py.train import checkpoint as checkpoints
-from bigdl_py.train import resume
+from bigdl_py.train import loss_hints, resume
 from bigdl_py.train.callbacks import TrainingCallback
 from bigdl_py.train.early_stopping import EarlyStopping, find_early_stopping
 from bigdl_py.train.metrics import ValidationMethod, ValidationResult, check_methods
@@ -441,7 +441,7 @@ class BaseOptimizer:
         state = self.state
         finite = math.isfinite(result.loss)
         if not finite:
-            self._nonfinite_loss(result.loss, len(plan))
+            self._nonfinite_loss(result.loss, len(plan), plan[self.state.iteration_in_epoch])
         else:
             state.loss = result.loss
         epoch = state.epoch + 1  # 1-based, for people
@@ -473,7 +473,7 @@ class BaseOptimizer:
         if self._checkpoint is not None and self._checkpoint.trigger(state):
             self._save_checkpoint()
 
-    def _nonfinite_loss(self, loss: float, batches: int) -> None:
+    def _nonfinite_loss(self, loss: float, batches: int, indices: Any = None) -> None:
         state = self.state
         where = (
             f"iteration {state.iteration + 1} (epoch {state.epoch + 1}, batch "
@@ -488,8 +488,10 @@ class BaseOptimizer:
             last = f"; the last checkpoint, {self.last_checkpoint}, is intact"
         raise NonFiniteLossError(
             f"training loss is {loss} at {where}; training stopped and the weights are those "
-            f"before this batch{last}. Lower the learning rate, clip gradients "
-            "(set_gradient_clipping_by_l2_norm) or pass skip_nonfinite_batches=True"
+            f"before this batch{last}. "
+            + loss_hints.nonfinite_loss_advice(
+                self.criterion, loss_hints.batch_labels(self.training_set, indices)
+            )
         )
 
     def _write_train_summary(self, loss: float, throughput: float, learning_rate: float) -> None:
