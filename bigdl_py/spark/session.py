@@ -176,6 +176,7 @@ def get_spark(
             {key: value for key, value in RECOMMENDED_CONF.items() if key not in launcher}
         )
     settings.update(requested)
+    check_master_reachable(master or settings.get("spark.master") or launcher.get("spark.master"))
     builder = SparkSession.builder.appName(app_name)
     if master is not None:
         builder = builder.master(master)
@@ -184,6 +185,36 @@ def get_spark(
     for key, value in settings.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
+
+
+def check_master_reachable(master: str | None, timeout: float = 5.0) -> None:
+    """Refuse a standalone master (``spark://host:port[,host:port]``) nobody answers at.
+
+    Without this check Spark retries for over a minute, prints pages of Java and ends with
+    "Cannot call methods on a stopped SparkContext". Other masters (local, yarn, k8s) are
+    left to Spark.
+
+    Raises
+    ------
+    ConnectionError
+        Naming the master and why each of its addresses failed.
+    """
+    import socket
+
+    if not master or not master.startswith("spark://"):
+        return
+    failures = []
+    for address in master[len("spark://") :].split(","):
+        host, _, port = address.strip().rpartition(":")
+        try:
+            with socket.create_connection((host, int(port)), timeout=timeout):
+                return
+        except (OSError, ValueError) as error:
+            failures.append(f"{address}: {error}")
+    raise ConnectionError(
+        f"could not reach the Spark master at {master} ({'; '.join(failures)}); is the master "
+        "running, and is the address right (--master / spark.master)?"
+    )
 
 
 def partition_count(sc: SparkContext, num_partitions: int | None) -> int:
