@@ -26,6 +26,7 @@ Examples
 from __future__ import annotations
 
 import copy
+import logging
 from typing import TYPE_CHECKING, Any
 
 from pyspark.ml import Estimator, Model
@@ -44,6 +45,7 @@ from bigdl_py.spark.ml_params import (
 )
 from bigdl_py.spark.ml_persistence import NNStageReader, NNStageWriter
 from bigdl_py.train.metrics import ValidationMethod
+from bigdl_py.train.progress import Progress
 from bigdl_py.train.summary import TrainSummary, ValidationSummary
 from bigdl_py.train.triggers import EveryEpoch, MaxEpoch, Trigger
 
@@ -289,7 +291,16 @@ class NNEstimator(Estimator, NNEstimatorParams, _NNStage, MLReadable):
     -----
     ``setValidation``, ``setTrainSummary`` and ``setValidationSummary`` hold live objects
     (a DataFrame, summary writers): they apply to ``fit`` but are not params, so ``copy``
-    shares them and ``save`` does not store them.
+    shares them and ``save`` does not store them; so does ``setProgress``.
+
+    A fit logs quietly, as a library call inside ``CrossValidator`` should: per-iteration
+    progress at DEBUG (no bar), epoch summaries, validation results and early stopping at
+    INFO on the ``bigdl_py.train`` logger. ``setProgress(True)`` gives the training loop's
+    own display (a bar on a terminal, INFO lines otherwise).
+
+    ``setEndWhen(MaxEpoch(50) | EarlyStopping("Loss", patience=3))`` with
+    ``setValidation`` stops when validation stops improving, and the fitted model holds the
+    best validation's weights.
     """
 
     def __init__(self, model: Module, criterion: Module, **params: Any):
@@ -300,6 +311,7 @@ class NNEstimator(Estimator, NNEstimatorParams, _NNStage, MLReadable):
         self._validation: tuple | None = None
         self._train_summary: TrainSummary | None = None
         self._validation_summary: ValidationSummary | None = None
+        self._progress = False
         self._set_params(params)
 
     # --- persistence ------------------------------------------------------------------------
@@ -346,8 +358,9 @@ class NNEstimator(Estimator, NNEstimatorParams, _NNStage, MLReadable):
     def setSeed(self, value: int) -> NNEstimator:
         return self._set(seed=value)
 
-    def setUpdateMode(self, value: str) -> NNEstimator:
-        """``"sharded"`` (default) or ``"replicated"``: see ``DistriOptimizer(update=)``."""
+    def setUpdateMode(self, value: Any) -> NNEstimator:
+        """``"auto"`` (default), ``"sharded"``, ``"replicated"``, ``"local-sgd:PERIOD[:WARMUP]"``
+        or a ``LocalSGD`` object: see ``DistriOptimizer(update=)``."""
         return self._set(updateMode=value)
 
     def setDevice(self, value: str) -> NNEstimator:
@@ -386,6 +399,11 @@ class NNEstimator(Estimator, NNEstimatorParams, _NNStage, MLReadable):
         of the stages before this one (``val_df`` does not pass through them).
         """
         self._validation = (trigger, val_df, val_method, batch_size)
+        return self
+
+    def setProgress(self, value: bool = True) -> NNEstimator:
+        """Show every iteration's progress during ``fit`` (default False: DEBUG lines only)."""
+        self._progress = bool(value)
         return self
 
     def setTrainSummary(self, summary: TrainSummary | None) -> NNEstimator:
@@ -460,8 +478,13 @@ class NNEstimator(Estimator, NNEstimatorParams, _NNStage, MLReadable):
 
     def _fit(self, dataset: DataFrame) -> NNModel:
         from bigdl_py.spark.distri_optimizer import DistriOptimizer
-        from bigdl_py.spark.session import task_slots
+        from bigdl_py.spark.session import (
+            CONNECT_TRAINING_ALTERNATIVE,
+            require_classic_spark,
+            task_slots,
+        )
 
+        require_classic_spark(dataset, f"{type(self).__name__}.fit", CONNECT_TRAINING_ALTERNATIVE)
         training = self._training_columns(dataset)
         spark = dataset.sparkSession
         partitions = self.getNumPartitions() or task_slots(spark.sparkContext)
@@ -483,6 +506,7 @@ class NNEstimator(Estimator, NNEstimatorParams, _NNStage, MLReadable):
             feature_shape=self.feature_shape(),
             seed=self.getSeed(),
             update=self.getUpdateMode(),
+            progress=True if self._progress else Progress(iteration_level=logging.DEBUG),
             spark=spark,
         )
         try:

@@ -16,6 +16,7 @@ from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.ml.param.shared import HasLabelCol, HasPredictionCol, HasProbabilityCol
 
 from bigdl_py.optim import OptimMethod, optim_method_from_config
+from bigdl_py.train.early_stopping import EarlyStopping
 from bigdl_py.train.triggers import (
     And,
     EveryEpoch,
@@ -40,6 +41,13 @@ _TRIGGERS: dict[str, tuple[type, str | None]] = {
     "MaxScore": (MaxScore, "max_score"),
 }
 _COMBINATIONS: dict[str, type] = {"And": And, "Or": Or}
+# Triggers of several constructor arguments: name -> (class, argument = attribute names).
+_MULTI_ARGUMENT: dict[str, tuple[type, tuple[str, ...]]] = {
+    "EarlyStopping": (
+        EarlyStopping,
+        ("metric", "mode", "patience", "min_delta", "restore_best"),
+    ),
+}
 
 
 def trigger_config(trigger: Trigger) -> dict:
@@ -53,6 +61,8 @@ def trigger_config(trigger: Trigger) -> dict:
     name = type(trigger).__name__
     if name in _COMBINATIONS and type(trigger) is _COMBINATIONS[name]:
         return {"name": name, "triggers": [trigger_config(part) for part in trigger.triggers]}
+    if name in _MULTI_ARGUMENT and type(trigger) is _MULTI_ARGUMENT[name][0]:
+        return {"name": name, **{key: getattr(trigger, key) for key in _MULTI_ARGUMENT[name][1]}}
     if name in _TRIGGERS and type(trigger) is _TRIGGERS[name][0]:
         argument = _TRIGGERS[name][1]
         return (
@@ -60,7 +70,7 @@ def trigger_config(trigger: Trigger) -> dict:
             if argument is None
             else {"name": name, argument: getattr(trigger, argument)}
         )
-    known = sorted([*_TRIGGERS, *_COMBINATIONS])
+    known = sorted([*_TRIGGERS, *_MULTI_ARGUMENT, *_COMBINATIONS])
     raise TypeError(
         f"cannot store trigger {trigger!r} in a Spark ML param; use one of {known} "
         "(combined with & and | as needed)"
@@ -72,8 +82,12 @@ def trigger_from_config(config: Mapping[str, Any]) -> Trigger:
     name = config.get("name")
     if name in _COMBINATIONS:
         return _COMBINATIONS[name](*(trigger_from_config(part) for part in config["triggers"]))
+    if name in _MULTI_ARGUMENT:
+        cls, arguments = _MULTI_ARGUMENT[name]
+        return cls(**{key: config[key] for key in arguments if key in config})
     if name not in _TRIGGERS:
-        raise ValueError(f"unknown trigger {name!r}; known: {sorted([*_TRIGGERS, *_COMBINATIONS])}")
+        known = sorted([*_TRIGGERS, *_MULTI_ARGUMENT, *_COMBINATIONS])
+        raise ValueError(f"unknown trigger {name!r}; known: {known}")
     cls, argument = _TRIGGERS[name]
     return cls() if argument is None else cls(config[argument])
 
@@ -150,9 +164,18 @@ def _positive_int(name: str):
 
 
 def to_update_mode(value: Any) -> str:
+    """A training mode's name (``"auto"``, ``"sharded"``, ``"replicated"``, ``"local-sgd"``,
+    ``"local-sgd:PERIOD[:WARMUP]"``) or a ``LocalSGD`` object, as its name."""
+    from bigdl_py.spark.modes import resolve_mode
+
+    if hasattr(value, "period") and hasattr(value, "warmup_iterations"):  # a LocalSGD
+        value = f"local-sgd:{value.period}:{value.warmup_iterations}"
     mode = TypeConverters.toString(value)
-    if mode not in ("sharded", "replicated"):
-        raise ValueError(f'updateMode must be "sharded" or "replicated", got {value!r}')
+    if mode != "auto":
+        try:
+            resolve_mode(mode)
+        except ValueError as error:
+            raise ValueError(f"updateMode: {error}") from None
     return mode
 
 
@@ -311,9 +334,10 @@ class NNEstimatorParams(NNModelParams, HasLabelCol):
     updateMode = Param(
         Params._dummy(),
         "updateMode",
-        'how the summed gradient updates the weights: "sharded" (BigDL\'s AllReduce: each '
-        'partition steps its slice) or "replicated" (every partition steps the whole vector: '
-        "one Spark stage per iteration, faster for small models)",
+        'the training mode (DistriOptimizer(update=)): "auto" (default: replicated for small '
+        'models, else sharded), "sharded" (BigDL\'s AllReduce: each partition steps its '
+        'slice), "replicated" (every partition steps the whole vector: one Spark stage per '
+        'iteration) or "local-sgd:PERIOD[:WARMUP]" (periodic model averaging, not exact)',
         typeConverter=to_update_mode,
     )
     seed = Param(
@@ -359,7 +383,7 @@ class NNEstimatorParams(NNModelParams, HasLabelCol):
             batchSize=32,
             maxEpoch=10,
             learningRate=1e-3,
-            updateMode="sharded",
+            updateMode="auto",
             seed=0,
             checkpointOverwrite=True,
         )

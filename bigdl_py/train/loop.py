@@ -231,10 +231,15 @@ class BaseOptimizer:
         return self
 
     def set_progress(
-        self, enabled: bool = True, bar: bool | None = None, log_interval: int | None = None
+        self,
+        enabled: bool = True,
+        bar: bool | None = None,
+        log_interval: int | None = None,
+        iteration_level: int = logging.INFO,
     ) -> BaseOptimizer:
-        """Progress reporting: on/off, bar forced on/off, iterations between log lines."""
-        self.progress = Progress(enabled, bar, log_interval)
+        """Progress reporting: on/off, bar forced on/off, iterations between log lines, and
+        the logging level of those lines (``logging.DEBUG`` keeps them out of INFO logs)."""
+        self.progress = Progress(enabled, bar, log_interval, iteration_level=iteration_level)
         return self
 
     def add_callback(self, callback: TrainingCallback) -> BaseOptimizer:
@@ -515,9 +520,6 @@ class BaseOptimizer:
         self.last_validation = results
         state.score = results[0].value
         state.epoch_score = state.score
-        self._observe_validation(results)
-        for callback in self.callbacks:
-            callback.on_validation_end(state, results)
         if self.validation_summary is not None:
             self.validation_summary.add_scalars(
                 {result.name: result.value for result in results}, state.iteration
@@ -526,6 +528,9 @@ class BaseOptimizer:
             f"[Epoch {state.epoch}][Iteration {state.iteration}] validation: "
             + ", ".join(repr(result) for result in results)
         )
+        self._observe_validation(results)
+        for callback in self.callbacks:
+            callback.on_validation_end(state, results)
 
     # --- checkpoints --------------------------------------------------------------------
     def _dataset_fingerprint(self) -> dict:

@@ -8,6 +8,11 @@ logger as lines in BigDL's style, every ``log_interval`` iterations and at each 
 
 If nothing configured logging, those INFO lines go to stderr through a handler added to the
 ``bigdl_py`` logger; configure logging (or set that logger's level) to route or silence them.
+
+Library code that trains on the user's behalf (the Spark ML stages, inside a
+``CrossValidator`` perhaps hundreds of fits) passes ``iteration_level=logging.DEBUG``: the
+per-iteration lines then go out at DEBUG and no bar is drawn, while epoch summaries,
+validation results and checkpoints stay at INFO.
 """
 
 from __future__ import annotations
@@ -46,6 +51,9 @@ class Progress:
         Iterations between log lines without a bar (default: about ten lines per epoch).
     stream : file, optional
         Where the bar draws (default ``sys.stderr``).
+    iteration_level : int
+        The logging level of per-iteration lines (``logging.INFO``); below INFO, no bar is
+        drawn unless ``bar=True``.
     """
 
     def __init__(
@@ -54,9 +62,16 @@ class Progress:
         bar: bool | None = None,
         log_interval: int | None = None,
         stream: TextIO | None = None,
+        iteration_level: int = logging.INFO,
     ):
         if log_interval is not None and int(log_interval) < 1:
             raise ValueError(f"log_interval must be >= 1, got {log_interval!r}")
+        if not isinstance(iteration_level, int) or isinstance(iteration_level, bool):
+            raise TypeError(
+                f"iteration_level must be a logging level such as logging.DEBUG, got "
+                f"{iteration_level!r}"
+            )
+        self.iteration_level = iteration_level
         self.enabled = bool(enabled)
         self.stream = stream
         self.log_interval = None if log_interval is None else int(log_interval)
@@ -71,6 +86,8 @@ class Progress:
     def uses_bar(self) -> bool:
         if self._use_bar is not None:
             return self._use_bar
+        if self.iteration_level < logging.INFO:
+            return False  # a bar is per-iteration progress, which was asked to stay quiet
         isatty = getattr(self._stream(), "isatty", None)
         return bool(isatty and isatty())
 
@@ -121,8 +138,11 @@ class Progress:
                 )
             return
         if iteration == 1 or iteration % self._epoch_interval == 0 or samples_done >= epoch_samples:
+            if not logger.isEnabledFor(self.iteration_level):
+                return
             rate = "" if learning_rate is None else f", lr {learning_rate:.6g}"
-            logger.info(
+            logger.log(
+                self.iteration_level,
                 "[Epoch %d %d/%d][Iteration %d] loss %.4f, %.1f samples/s%s",
                 epoch,
                 samples_done,
