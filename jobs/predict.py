@@ -47,6 +47,13 @@ def parse_arguments(argv=None) -> argparse.Namespace:
         "--keep-features", action="store_true", help="write the feature columns too"
     )
     parser.add_argument("--overwrite", action="store_true", help="replace --output if it exists")
+    parser.add_argument(
+        "--nan-rows",
+        choices=("error", "null"),
+        default="error",
+        help="rows whose features hold NaN or Inf: fail naming the row (default), or write a "
+        "null prediction for them",
+    )
     return parser.parse_args(argv)
 
 
@@ -85,6 +92,7 @@ def main(argv=None) -> dict:
         output=args.prediction,
         device=args.device,
         feature_shape=data.feature_shape,
+        nonfinite=args.nan_rows,
     )
     if not args.keep_features:
         scored = scored.drop(*data.feature_names)

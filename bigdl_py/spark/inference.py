@@ -58,6 +58,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
 OUTPUTS = ("probabilities", "class", "raw")
+NONFINITE_POLICIES = ("error", "null")
 
 
 # --- shipping the model --------------------------------------------------------------------
@@ -160,14 +161,42 @@ def _predictions(scores, output: str, final_activation: str | None) -> np.ndarra
 class _BatchPredictor:
     """Runs the model over feature arrays, ``batch_size`` rows at a time (executor side)."""
 
-    def __init__(self, shipped, batch_size, output, device_request, final_activation):
+    def __init__(
+        self, shipped, batch_size, output, device_request, final_activation, nonfinite="error"
+    ):
         self.shipped = shipped
         self.batch_size = batch_size
         self.output = output
         self.device_request = device_request
         self.final_activation = final_activation
+        self.nonfinite = nonfinite
         self.model = None
         self.device = None
+        self.rows_seen = 0  # rows of this task's partition before the current call
+
+    def predict_rows(self, features: tuple) -> tuple[np.ndarray, np.ndarray | None]:
+        """Predictions of every row, and a mask of rows with NaN/Inf features (None if
+        none): with ``nonfinite="null"`` their predictions are placeholders to null out;
+        with ``"error"`` such a row raises, naming it."""
+        first_row = self.rows_seen
+        self.rows_seen += features[0].shape[0]
+        bad = nonfinite_rows(features)
+        if bad is None:
+            return self(features), None
+        if self.nonfinite == "error":
+            row = first_row + int(np.flatnonzero(bad)[0])
+            raise ValueError(
+                f"predict: partition {_partition_id()}, row {row} (counted from the "
+                f"partition's first row) has NaN or Inf features ({int(bad.sum())} such rows "
+                "in its batch); clean the data, or pass nonfinite='null' to get null "
+                "predictions for such rows"
+            )
+        results = np.zeros((len(bad), *self(tuple(a[:1] for a in features)).shape[1:]))
+        if not bad.all():
+            good = self(tuple(array[~bad] for array in features))
+            results = results.astype(good.dtype)
+            results[~bad] = good
+        return results, bad
 
     def __call__(self, features: tuple) -> np.ndarray:
         if self.model is None:
@@ -217,17 +246,35 @@ def _stack(records: list) -> tuple:
         ) from error
 
 
+def _partition_id() -> int | None:
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    return context.partitionId() if context is not None else None
+
+
+def nonfinite_rows(features: tuple) -> np.ndarray | None:
+    """Mask of the rows whose float features hold NaN or Inf; None when every row is finite."""
+    bad = None
+    for array in features:
+        if np.issubdtype(array.dtype, np.floating) and array.size:
+            rows = ~np.isfinite(array.reshape(array.shape[0], -1)).all(axis=1)
+            bad = rows if bad is None else bad | rows
+    return bad if bad is not None and bad.any() else None
+
+
 def _predict_records(records: Iterator, predictor: _BatchPredictor, chunk: int) -> Iterator:
     as_ints = predictor.output == "class"
     while True:
         records_chunk = list(itertools.islice(records, chunk))
         if not records_chunk:
             return
-        results = predictor(_stack(records_chunk))
-        if as_ints:
-            yield from (int(value) for value in results)
-        else:
-            yield from results
+        results, bad = predictor.predict_rows(_stack(records_chunk))
+        for position, value in enumerate(results):
+            if bad is not None and bad[position]:
+                yield None
+            else:
+                yield int(value) if as_ints else value
 
 
 # --- DataFrame rows --------------------------------------------------------------------------
@@ -247,11 +294,17 @@ def _arrow_predict_udf(
                 continue
             features, _ = table_to_arrays(batch, feature_cols, None, feature_shape, dtype)
             features = features if isinstance(features, tuple) else (features,)
-            results = predictor(features)
+            results, bad = predictor.predict_rows(features)
             if as_classes:
-                yield pa.array(results.astype(np.float64))
-            else:
+                yield pa.array(results.astype(np.float64), mask=bad)
+            elif bad is None:
                 yield array_to_list_column(results)
+            else:  # null rows: a list column built with a validity mask
+                column = array_to_list_column(results)
+                yield pa.array(
+                    [None if missing else item for item, missing in zip(column, bad, strict=True)],
+                    type=column.type,
+                )
 
     return_type = "double" if as_classes else "array<float>"
     return require_arrow_udf()(predict_batches, return_type)
@@ -318,6 +371,7 @@ def predict(
     output: str = "probabilities",
     device: str = "cpu",
     feature_shape: ShapeSpec = None,
+    nonfinite: str = "error",
 ) -> RDD | DataFrame:
     """Run ``model`` over every record of ``data`` on the executors, keeping the input order.
 
@@ -350,6 +404,10 @@ def predict(
         when CuPy or CUDA is missing on the executor. See :mod:`bigdl_py.spark.gpu`.
     feature_shape : tuple of int, optional
         DataFrame only: per-row shape of the features, e.g. ``(1, 28, 28)``.
+    nonfinite : {'error', 'null'}
+        A record whose features hold NaN or Inf: ``'error'`` fails the job naming its
+        partition and row (a model's output for it means nothing, and class 0 would look
+        like an answer); ``'null'`` gives it a null prediction (``None`` in an RDD).
 
     Returns
     -------
@@ -368,11 +426,20 @@ def predict(
     """
     if output not in OUTPUTS:
         raise ValueError(f"predict: output must be one of {OUTPUTS}, got {output!r}")
+    if nonfinite not in NONFINITE_POLICIES:
+        raise ValueError(
+            f"predict: nonfinite must be one of {NONFINITE_POLICIES}, got {nonfinite!r}"
+        )
     batch_size = _check_batch_size(batch_size, "predict")
     device_request = check_device_request(device)
     sc = _spark_context(data)
     predictor = _BatchPredictor(
-        _ShippedModel(sc, model), batch_size, output, device_request, _final_activation(model)
+        _ShippedModel(sc, model),
+        batch_size,
+        output,
+        device_request,
+        _final_activation(model),
+        nonfinite,
     )
     if _is_dataframe(data):
         dtype = _input_dtype(model)
@@ -402,7 +469,24 @@ def _as_methods(methods: Any, criterion: Module | None) -> list[ValidationMethod
 
 def _evaluate_partition(shipped, device_request, methods, batches: Iterable[MiniBatch]):
     model, device = _prepare_task(shipped, device_request)
-    yield evaluate_batches(model, batches, methods, device)
+    yield evaluate_batches(model, _finite_batches(batches), methods, device)
+
+
+def _finite_batches(batches: Iterable[MiniBatch]) -> Iterator[MiniBatch]:
+    """The batches, failing on the first row with NaN/Inf features, named by its position
+    in the partition (a NaN row would make the Loss NaN and count as a miss or a hit)."""
+    first_row = 0
+    for batch in batches:
+        bad = nonfinite_rows(batch.features)
+        if bad is not None:
+            row = first_row + int(np.flatnonzero(bad)[0])
+            raise ValueError(
+                f"evaluate: partition {_partition_id()}, row {row} "
+                f"(counted from the partition's first row) has NaN or Inf features "
+                f"({int(bad.sum())} such rows in its batch); clean or filter the data"
+            )
+        first_row += batch.size
+        yield batch
 
 
 def _sample_batches(records: Iterator, batch_size: int) -> Iterator[MiniBatch]:
