@@ -13,6 +13,9 @@ update (``v = momentum * v + g; w -= lr * v``, one parameter array at a time) of
   ReLU-Conv(64->64,3,pad1)-ReLU-MaxPool2-Linear(4096->256)-ReLU-Linear(256->10), 3x32x32,
   batch 64;
 * ResNet-18 in CIFAR form (``bigdl_py.models.resnet18``), 3x32x32, batch 64, cross-entropy;
+* a Transformer text classifier (``bigdl_py.models.transformer_classifier``: token and
+  position embeddings, 2 encoder layers of width 128 with 4 heads, dropout 0.1, a mean over
+  the tokens), sequences of 128 token ids, batch 32, cross-entropy;
 * a bidirectional LSTM text classifier (Embedding 10000x128, LSTM 128 both ways, Linear on
   the two last states), sequences of 128 token ids, batch 32, cross-entropy;
 * NCF / NeuMF (``bigdl_py.models.ncf``) on MovieLens-1M's id ranges, batch 1024, MSE on
@@ -22,7 +25,8 @@ An entry whose ``bigdl_py.models`` function does not exist yet is skipped with a
 The first three end in LogSoftmax and take the NLL loss.
 
 Both frameworks build the same layers by the same names (``bigdl_py.nn`` follows PyTorch's),
-and PyTorch's model starts from bigdl_py's initial weights. The BLAS thread count is set
+and PyTorch's model starts from bigdl_py's initial weights (the table's JSON lines give the
+difference of the first losses, in evaluation mode). The BLAS thread count is set
 with threadpoolctl (``bigdl_py.backend.blas_threads``) and ``torch.set_num_threads``. Steps
 of the two frameworks alternate (ours, theirs, ours, ...) so that load from other processes
 on a shared machine hits both alike; the table gives medians (and fastest runs) after
@@ -63,7 +67,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # engine_models
 from engine_models import LENET5, MODELS, build, images  # noqa: E402
 
 from bigdl_py import backend, nn  # noqa: E402
-from bigdl_py.autograd import Tensor  # noqa: E402
+from bigdl_py.autograd import Tensor, no_grad  # noqa: E402
 from bigdl_py.data import ArrayDataset  # noqa: E402
 from bigdl_py.optim import SGD, FlatParameters  # noqa: E402
 
@@ -99,6 +103,15 @@ class BigdlStep:
             parameter.data -= LEARNING_RATE * velocity
         return loss.item()
 
+    def evaluation_loss(self) -> float:
+        """The loss in evaluation mode, without a step."""
+        self.model.eval()
+        try:
+            with no_grad():
+                return self.criterion(self.model(self.inputs), self.labels).item()
+        finally:
+            self.model.train()
+
 
 class TorchStep:
     """The same step in PyTorch, starting from the bigdl_py model's weights."""
@@ -126,6 +139,15 @@ class TorchStep:
                 velocity.mul_(MOMENTUM).add_(parameter.grad)
                 parameter.add_(velocity, alpha=-LEARNING_RATE)
         return loss.item()
+
+    def evaluation_loss(self) -> float:
+        """The loss in evaluation mode, without a step."""
+        self.model.eval()
+        try:
+            with self.torch.no_grad():
+                return self.loss(self.model(self.inputs), self.labels).item()
+        finally:
+            self.model.train()
 
 
 def bigdl_peak_memory(step: Callable) -> int:
@@ -193,8 +215,10 @@ def measure_step(key: str, threads: int, repeats: int, warmup: int, torch) -> di
         steps["torch"] = TorchStep(torch, twin, model, inputs, labels, spec.loss)
     result = {"model": spec.name, "threads": threads}
     with thread_limit(threads, torch):
-        first_losses = {framework: step() for framework, step in steps.items()}
-        for _ in range(warmup - 1):
+        # Same weights, same batch: the losses agree, or the models differ. Taken in
+        # evaluation mode, where dropout (whose masks differ between the libraries) is off.
+        first_losses = {framework: step.evaluation_loss() for framework, step in steps.items()}
+        for _ in range(warmup):
             for step in steps.values():
                 step()
         times = {framework: [] for framework in steps}
@@ -207,7 +231,6 @@ def measure_step(key: str, threads: int, repeats: int, warmup: int, torch) -> di
         result["bigdl_peak_mb"] = bigdl_peak_memory(steps["bigdl"]) / 2**20
         if torch is not None:
             result["torch_peak_mb"] = torch_peak_memory(torch, steps["torch"]) / 2**20
-            # Same weights, same batch: the first losses agree, or the models differ.
             result["first_loss_difference"] = abs(first_losses["bigdl"] - first_losses["torch"])
     return result
 

@@ -267,6 +267,56 @@ def token_batch(seed: int) -> tuple[np.ndarray, np.ndarray]:
     return ids, rng.integers(0, 2, size=TEXT_BATCH)
 
 
+# --- Transformer text classifier (bigdl_py.models.transformer_classifier) ------------------------
+
+TRANSFORMER_WIDTH, TRANSFORMER_HEADS, TRANSFORMER_LAYERS = 128, 4, 2
+
+
+def build_transformer():
+    from bigdl_py import models
+
+    return models.transformer_classifier(
+        TEXT_VOCABULARY, 2, TRANSFORMER_WIDTH, TRANSFORMER_HEADS, TRANSFORMER_LAYERS
+    )
+
+
+def torch_transformer(
+    torch,
+    vocabulary=TEXT_VOCABULARY,
+    classes=2,
+    d_model=TRANSFORMER_WIDTH,
+    nhead=TRANSFORMER_HEADS,
+    num_layers=TRANSFORMER_LAYERS,
+    max_length=512,
+    dropout=0.1,
+):
+    """``bigdl_py.models.TransformerClassifier`` in PyTorch: token + learned position
+    embeddings (token 0 is padding), a batch-first encoder, a mean over the real tokens."""
+    tnn = torch.nn
+
+    class TransformerClassifier(tnn.Module):
+        def __init__(self):
+            super().__init__()
+            self.token_embedding = tnn.Embedding(vocabulary, d_model, padding_idx=0)
+            self.position_embedding = tnn.Embedding(max_length, d_model)
+            layer = tnn.TransformerEncoderLayer(
+                d_model, nhead, 4 * d_model, dropout, batch_first=True
+            )
+            self.encoder = tnn.TransformerEncoder(layer, num_layers, enable_nested_tensor=False)
+            self.classifier = tnn.Linear(d_model, classes)
+
+        def forward(self, ids):
+            positions = torch.arange(ids.shape[1])
+            x = self.token_embedding(ids) + self.position_embedding(positions)
+            padding = ids == 0
+            kept = (~padding).sum(dim=1, keepdim=True)
+            encoded = self.encoder(x, src_key_padding_mask=padding)
+            weights = ((~padding) / kept).to(encoded.dtype)[:, :, None]
+            return self.classifier((encoded * weights).sum(dim=1))
+
+    return TransformerClassifier()
+
+
 # key -> spec; ``bench/engine.py --models`` takes the keys.
 MODELS: dict[str, ModelSpec] = {
     "lenet": sequential_spec("LeNet-5", LENET5, (128, 1, 28, 28)),
@@ -279,6 +329,15 @@ MODELS: dict[str, ModelSpec] = {
         batch=images((64, 3, 32, 32)),
         loss="cross_entropy",
         requires="resnet18",
+    ),
+    "transformer": ModelSpec(
+        name=f"Transformer classifier (2 layers, d 128, 4 heads), seq {TEXT_LENGTH}, "
+        f"batch {TEXT_BATCH}",
+        build=build_transformer,
+        build_torch=torch_transformer,
+        batch=token_batch,
+        loss="cross_entropy",
+        requires="transformer_classifier",
     ),
     "bilstm": ModelSpec(
         name=f"BiLSTM classifier, seq {TEXT_LENGTH}, batch {TEXT_BATCH}",
