@@ -1,21 +1,20 @@
-"""The recurrences of one LSTM or GRU layer over a whole sequence, as fused ``Function``s.
+"""The recurrences of one LSTM or GRU layer, both directions at once, as fused ``Function``s.
 
-The input projection ``x @ W_ih.T + b_ih`` of every time step is one GEMM done before the
-recurrence (by ``ops.linear`` in ``recurrent.py``); what is left, ``h_{t-1} @ W_hh.T`` and
-the gate arithmetic, runs here in a Python loop over time on raw arrays. The backward is
-back-propagation through time written out by hand: one loop back over the steps that
-keeps the pre-activation gradients of every step, then ``W_hh``'s gradient from all steps
-in one GEMM. Compared with recording each step's ops in the graph this is a single graph
-node per layer, so a sequence of any length adds no depth to the backward walk, and it
-avoids allocating a full-sequence gradient for every per-step slice.
+The input projection ``x @ W_ih.T + b_ih`` of every time step and of both directions is one
+GEMM done before the recurrence (by ``ops.linear`` in ``recurrent.py``, with the directions'
+``W_ih`` stacked); what is left, ``h_{t-1} @ W_hh.T`` and the gate arithmetic, runs here in
+one Python loop over time on raw arrays. A bidirectional layer runs its two directions in
+the same loop: at step ``s`` the forward direction reads time ``s`` and the reverse one time
+``T - 1 - s``, so each step is one batched matmul and one array operation per gate formula
+for both, instead of two of each (per-call overhead is much of a step's cost at the batch
+and hidden sizes of text models). The backward is back-propagation through time written out
+by hand, and each layer is a single graph node, so a sequence of any length adds no depth
+to the backward walk.
 
 Gate layouts are PyTorch's: LSTM ``[i, f, g, o]``, GRU ``[r, z, n]``, stacked along the
-first axis of the weights. Arrays are time-major inside; ``batch_first`` inputs and outputs
-are ``(N, T, ...)`` and are transposed on the way in and out.
-
-Per-operation overhead and operations on strided gate blocks are much of a step's cost, so
-the forward adds the hidden projection's bias for all steps at once and activates a step's
-gates with three whole-row operations (see ``_GateActivations``).
+first axis of the weights. Inside, arrays are ``(D, T, N, ...)``: direction, step (in each
+direction's reading order), batch. The layer-layout inputs and outputs are ``(N, T, ...)``
+(``batch_first``) or ``(T, N, ...)``, with the directions side by side along the features.
 """
 
 from __future__ import annotations
@@ -49,152 +48,193 @@ class _GateActivations:
         pre_scaled += self.shift
         return pre_scaled
 
+    def scaled_transposed(self, weight_hh):
+        """``(W_hh * scale).T`` per direction, contiguous: ``(D, H, gates * H)``."""
+        xp = backend.array_module(weight_hh)
+        return xp.ascontiguousarray(xp.swapaxes(weight_hh * self.scale[:, None], 1, 2))
+
 
 class LSTMSequence(Function):
-    """One LSTM layer over a sequence.
+    """One LSTM layer over a sequence, in one or two directions.
 
-    Inputs: ``input_gates`` (the input projection of every step, ``(T, N, 4H)`` or
-    ``(N, T, 4H)``), ``weight_hh (4H, H)``, ``h0 (N, H)``, ``c0 (N, H)`` and, optionally,
-    ``bias_hh (4H,)``. The output packs the hidden states of every step and the last cell
-    state, because a ``Function`` has one output: ``(T + 1, N, H)`` (or ``(N, T + 1, H)``),
-    rows ``0..T-1`` are ``h_1..h_T`` and row ``T`` is ``c_T``.
+    Inputs: ``input_gates`` (the input projection of every step, ``(N, T, D * 4H)`` when
+    ``batch_first``, else ``(T, N, D * 4H)``, directions side by side), ``weight_hh (D, 4H,
+    H)``, ``h0 (D, N, H)``, ``c0 (D, N, H)`` and, optionally, ``bias_hh (D, 4H)``. The
+    output packs everything because a ``Function`` has one output: ``(N, T + 2, D * H)`` (or
+    ``(T + 2, N, D * H)``); rows ``0..T-1`` are the hidden states at each time, row ``T`` the
+    final hidden state ``h_n`` and row ``T + 1`` the final cell state ``c_n`` of each
+    direction (the reverse direction's final states are those at time 0).
     """
 
     gate_kinds = ("sigmoid", "sigmoid", "tanh", "sigmoid")
 
     def forward(self, input_gates, weight_hh, h0, c0, bias_hh=None, batch_first=True):
         xp = backend.array_module(input_gates)
-        steps, batch, gate_width = _time_major(input_gates, batch_first).shape
-        size, dtype = gate_width // 4, input_gates.dtype
-        activations = _GateActivations(xp, self.gate_kinds, size, dtype)
+        directions, gate_width, size = weight_hh.shape
+        activations = _GateActivations(xp, self.gate_kinds, size, input_gates.dtype)
         # Every step's gates, pre-activation at first: the input projection with bias_hh
         # added and the activation's inner scale applied, for all steps at once; each step
         # then adds h_{t-1} @ W_hh.T and activates in place.
-        gates = _time_major_copy(input_gates, batch_first, bias_hh)
+        gates = _to_steps(_time_major_blocks(input_gates, directions, batch_first), bias_hh)
         gates *= activations.scale
-        scaled_weight_hh = weight_hh * activations.scale[:, None]
-        hiddens = xp.empty((steps + 1, batch, size), dtype=dtype)  # h_0 .. h_T
-        cells = xp.empty((steps + 1, batch, size), dtype=dtype)  # c_0 .. c_T
-        tanh_cells = xp.empty((steps, batch, size), dtype=dtype)
-        hiddens[0], cells[0] = h0, c0
+        scaled_weight_hh = activations.scaled_transposed(weight_hh)
+        _, steps, batch, _ = gates.shape
+        hiddens = xp.empty((directions, steps + 1, batch, size), dtype=gates.dtype)
+        cells = xp.empty_like(hiddens)  # c_0 .. c_T
+        tanh_cells = xp.empty((directions, steps, batch, size), dtype=gates.dtype)
+        hiddens[:, 0], cells[:, 0] = h0, c0
+        hidden_part = xp.empty((directions, batch, gate_width), dtype=gates.dtype)
+        product = xp.empty((directions, batch, size), dtype=gates.dtype)
         for t in range(steps):
-            step_gates = gates[t]
-            step_gates += hiddens[t] @ scaled_weight_hh.T
+            step_gates = gates[:, t]
+            xp.matmul(hiddens[:, t], scaled_weight_hh, out=hidden_part)
+            step_gates += hidden_part
             activations.activate_(step_gates)
             input_gate, forget_gate, cell_candidate, output_gate = _split(step_gates, 4)
-            xp.multiply(forget_gate, cells[t], out=cells[t + 1])
-            cells[t + 1] += input_gate * cell_candidate
-            xp.tanh(cells[t + 1], out=tanh_cells[t])
-            xp.multiply(output_gate, tanh_cells[t], out=hiddens[t + 1])
+            xp.multiply(forget_gate, cells[:, t], out=cells[:, t + 1])
+            xp.multiply(input_gate, cell_candidate, out=product)
+            cells[:, t + 1] += product
+            xp.tanh(cells[:, t + 1], out=tanh_cells[:, t])
+            xp.multiply(output_gate, tanh_cells[:, t], out=hiddens[:, t + 1])
         self.batch_first, self.has_bias = batch_first, bias_hh is not None
         self.save_for_backward(gates, hiddens, cells, tanh_cells, weight_hh)
-        return _pack([hiddens[1:], cells[steps:]], batch_first)
+        return _to_layer_layout(hiddens[:, 1:], [hiddens[:, steps], cells[:, steps]], batch_first)
 
     def backward(self, grad):
         gates, hiddens, cells, tanh_cells, weight_hh = self.saved
         xp = backend.array_module(gates)
-        upstream = _time_major(grad, self.batch_first)
-        steps = gates.shape[0]
-        # Per step, in cache: multiplying in the activation derivatives of all steps at
-        # once measured slower on sequences of realistic size.
-        grad_gates = xp.empty_like(gates)  # gradients of the gates before activation
-        grad_hidden = xp.zeros_like(hiddens[0])
-        grad_cell = upstream[steps].copy()
+        directions, steps = gates.shape[:2]
+        upstream = _time_major_blocks(grad, directions, self.batch_first)
+        grad_steps = _to_steps(upstream[:steps])
+        grad_hidden = _final_state(upstream[steps])
+        grad_cell = _final_state(upstream[steps + 1])
+        size = grad_hidden.shape[-1]
+        # Each activated gate's derivative in one formula for the whole row: y * (m - y) +
+        # (1 - m), with m = 1 on sigmoid gates (y * (1 - y)) and 0 on tanh gates (1 - y**2).
+        activations = _GateActivations(xp, self.gate_kinds, size, gates.dtype)
+        sigmoid_columns = 2 * activations.shift  # m
+        tanh_columns = 1 - sigmoid_columns
+        grad_gates = xp.empty_like(gates)
+        # Views with the four gates on their own axis: [i, f, g, o] = [..., 0..3, :].
+        gate_blocks = gates.reshape(*gates.shape[:3], 4, size)
+        grad_blocks = grad_gates.reshape(gate_blocks.shape)
+        product = xp.empty_like(grad_hidden)
+        # Per step on small arrays that stay in cache: whole-sequence passes over the
+        # strided gate blocks measured slower.
         for t in reversed(range(steps)):
-            grad_hidden += upstream[t]
-            input_gate, forget_gate, cell_candidate, output_gate = _split(gates[t], 4)
-            grad_input, grad_forget, grad_candidate, grad_output = _split(grad_gates[t], 4)
-            tanh_cell = tanh_cells[t]
-            grad_cell += grad_hidden * output_gate * (1 - tanh_cell * tanh_cell)
-            grad_input[...] = grad_cell * cell_candidate * input_gate * (1 - input_gate)
-            grad_forget[...] = grad_cell * cells[t] * forget_gate * (1 - forget_gate)
-            grad_candidate[...] = grad_cell * input_gate * (1 - cell_candidate * cell_candidate)
-            grad_output[...] = grad_hidden * tanh_cell * output_gate * (1 - output_gate)
-            grad_cell *= forget_gate
-            grad_hidden = grad_gates[t] @ weight_hh
+            grad_hidden += grad_steps[:, t]
+            step_gates, step_grad = gates[:, t], grad_gates[:, t]
+            xp.subtract(sigmoid_columns, step_gates, out=step_grad)
+            step_grad *= step_gates
+            step_grad += tanh_columns
+            blocks, grad = gate_blocks[:, t], grad_blocks[:, t]
+            tanh_cell = tanh_cells[:, t]
+            # What each gate multiplies: i with g, f with c_{t-1}, g with i, o with tanh(c_t).
+            grad[:, :, 0] *= blocks[:, :, 2]
+            grad[:, :, 1] *= cells[:, t]
+            grad[:, :, 2] *= blocks[:, :, 0]
+            grad[:, :, 3] *= tanh_cell
+            # The cell's gradient through h_t = o * tanh(c_t).
+            xp.multiply(tanh_cell, tanh_cell, out=product)
+            xp.subtract(1, product, out=product)
+            product *= blocks[:, :, 3]
+            product *= grad_hidden
+            grad_cell += product
+            grad[:, :, :3] *= grad_cell[:, :, None, :]  # i, f and g act through the cell
+            grad[:, :, 3] *= grad_hidden  # o through the hidden state
+            grad_cell *= blocks[:, :, 1]
+            xp.matmul(step_grad, weight_hh, out=grad_hidden)
         return (
-            _layer_layout(grad_gates, self.batch_first),
+            _from_steps(grad_gates, self.batch_first),
             _weight_gradient(grad_gates, hiddens),
             grad_hidden,
             grad_cell,
-            grad_gates.sum(axis=(0, 1)) if self.has_bias else None,
+            grad_gates.sum(axis=(1, 2)) if self.has_bias else None,
         )
 
 
 class GRUSequence(Function):
-    """One GRU layer over a sequence.
+    """One GRU layer over a sequence, in one or two directions.
 
-    Inputs: ``input_gates`` (``(T, N, 3H)`` or ``(N, T, 3H)``), ``weight_hh (3H, H)``,
-    ``h0 (N, H)`` and, optionally, ``bias_hh (3H,)``. Output: the hidden state of every step,
-    ``(T, N, H)`` or ``(N, T, H)``. As in PyTorch, the reset gate scales the hidden part of
-    the candidate *including* its bias: ``n = tanh(x_n + r * (h @ W_hn.T + b_hn))``.
+    Inputs: ``input_gates`` (``(N, T, D * 3H)`` or ``(T, N, D * 3H)``), ``weight_hh (D, 3H,
+    H)``, ``h0 (D, N, H)`` and, optionally, ``bias_hh (D, 3H)``. Output ``(N, T + 1, D * H)``
+    (or ``(T + 1, N, D * H)``): rows ``0..T-1`` are the hidden states at each time, row
+    ``T`` the final hidden state of each direction. As in PyTorch, the reset gate scales the
+    hidden part of the candidate *including* its bias: ``n = tanh(x_n + r * (h @ W_hn.T +
+    b_hn))``.
     """
 
     gate_kinds = ("sigmoid", "sigmoid", "tanh")
 
     def forward(self, input_gates, weight_hh, h0, bias_hh=None, batch_first=True):
         xp = backend.array_module(input_gates)
-        steps, batch, gate_width = _time_major(input_gates, batch_first).shape
-        size, dtype = gate_width // 3, input_gates.dtype
-        activations = _GateActivations(xp, self.gate_kinds, size, dtype)
+        directions, gate_width, size = weight_hh.shape
+        activations = _GateActivations(xp, self.gate_kinds, size, input_gates.dtype)
         # r and z add the input and hidden projections before activating, n does not
         # (r multiplies n's hidden part first); all three blocks get the inner scale.
-        gates = _time_major_copy(input_gates, batch_first)
+        gates = _to_steps(_time_major_blocks(input_gates, directions, batch_first))
         gates *= activations.scale
-        scaled_weight_hh = weight_hh * activations.scale[:, None]
-        scaled_bias_hh = None if bias_hh is None else bias_hh * activations.scale
-        hiddens = xp.empty((steps + 1, batch, size), dtype=dtype)
-        hidden_candidates = xp.empty((steps, batch, size), dtype=dtype)  # h @ W_hn.T + b_hn
-        hiddens[0] = h0
+        scaled_weight_hh = activations.scaled_transposed(weight_hh)
+        scaled_bias_hh = None if bias_hh is None else (bias_hh * activations.scale)[:, None, :]
+        _, steps, batch, _ = gates.shape
+        hiddens = xp.empty((directions, steps + 1, batch, size), dtype=gates.dtype)
+        # h @ W_hn.T + b_hn of every step
+        hidden_candidates = xp.empty((directions, steps, batch, size), dtype=gates.dtype)
+        hiddens[:, 0] = h0
+        hidden_part = xp.empty((directions, batch, gate_width), dtype=gates.dtype)
+        input_candidate = xp.empty((directions, batch, size), dtype=gates.dtype)
         for t in range(steps):
-            hidden_part = hiddens[t] @ scaled_weight_hh.T
+            xp.matmul(hiddens[:, t], scaled_weight_hh, out=hidden_part)
             if scaled_bias_hh is not None:
                 hidden_part += scaled_bias_hh
-            step_gates = gates[t]
-            input_candidate = step_gates[:, 2 * size :].copy()
-            hidden_candidates[t] = hidden_part[:, 2 * size :]
+            step_gates = gates[:, t]
+            input_candidate[...] = step_gates[..., 2 * size :]
+            hidden_candidates[:, t] = hidden_part[..., 2 * size :]
             step_gates += hidden_part
             activations.activate_(step_gates)  # r and z are right; n is redone below
             reset_gate, update_gate, candidate = _split(step_gates, 3)
-            input_candidate += reset_gate * hidden_candidates[t]
+            xp.multiply(reset_gate, hidden_candidates[:, t], out=hidden_part[..., :size])
+            input_candidate += hidden_part[..., :size]
             xp.tanh(input_candidate, out=candidate)
             # h_t = (1 - z) * n + z * h_{t-1}, with one multiply.
-            xp.subtract(hiddens[t], candidate, out=hiddens[t + 1])
-            hiddens[t + 1] *= update_gate
-            hiddens[t + 1] += candidate
+            xp.subtract(hiddens[:, t], candidate, out=hiddens[:, t + 1])
+            hiddens[:, t + 1] *= update_gate
+            hiddens[:, t + 1] += candidate
         self.batch_first, self.has_bias = batch_first, bias_hh is not None
         self.save_for_backward(gates, hiddens, hidden_candidates, weight_hh)
-        return _pack([hiddens[1:]], batch_first)
+        return _to_layer_layout(hiddens[:, 1:], [hiddens[:, steps]], batch_first)
 
     def backward(self, grad):
         gates, hiddens, hidden_candidates, weight_hh = self.saved
         xp = backend.array_module(gates)
-        upstream = _time_major(grad, self.batch_first)
-        steps = gates.shape[0]
+        directions, steps = gates.shape[:2]
+        upstream = _time_major_blocks(grad, directions, self.batch_first)
+        grad_steps = _to_steps(upstream[:steps])
+        grad_hidden = _final_state(upstream[steps])
         # The input and hidden projections share the r and z gradients; only n's differ
         # (the hidden part of n is scaled by r).
         grad_input_gates = xp.empty_like(gates)
         grad_hidden_gates = xp.empty_like(gates)
-        grad_hidden = xp.zeros_like(hiddens[0])
         for t in reversed(range(steps)):
-            grad_hidden += upstream[t]
-            reset_gate, update_gate, candidate = _split(gates[t], 3)
-            grad_reset, grad_update, grad_candidate = _split(grad_input_gates[t], 3)
+            grad_hidden += grad_steps[:, t]
+            reset_gate, update_gate, candidate = _split(gates[:, t], 3)
+            grad_reset, grad_update, grad_candidate = _split(grad_input_gates[:, t], 3)
             grad_candidate[...] = grad_hidden * (1 - update_gate) * (1 - candidate * candidate)
-            grad_update[...] = grad_hidden * (hiddens[t] - candidate)
+            grad_update[...] = grad_hidden * (hiddens[:, t] - candidate)
             grad_update *= update_gate * (1 - update_gate)
-            grad_reset[...] = grad_candidate * hidden_candidates[t] * reset_gate * (1 - reset_gate)
-            hidden_gates = grad_hidden_gates[t]
-            hidden_gates[...] = grad_input_gates[t]
+            grad_reset[...] = grad_candidate * hidden_candidates[:, t]
+            grad_reset *= reset_gate * (1 - reset_gate)
+            hidden_gates = grad_hidden_gates[:, t]
+            hidden_gates[...] = grad_input_gates[:, t]
             _, _, grad_hidden_candidate = _split(hidden_gates, 3)
             grad_hidden_candidate *= reset_gate
             grad_hidden *= update_gate
             grad_hidden += hidden_gates @ weight_hh
         return (
-            _layer_layout(grad_input_gates, self.batch_first),
+            _from_steps(grad_input_gates, self.batch_first),
             _weight_gradient(grad_hidden_gates, hiddens),
             grad_hidden,
-            grad_hidden_gates.sum(axis=(0, 1)) if self.has_bias else None,
+            grad_hidden_gates.sum(axis=(1, 2)) if self.has_bias else None,
         )
 
 
@@ -205,43 +245,65 @@ def _split(array, parts: int) -> list:
     return [array[..., k * size : (k + 1) * size] for k in range(parts)]
 
 
-def _time_major(array, batch_first: bool):
-    """A ``(T, N, ...)`` view of a sequence array given in the layer's layout."""
-    return backend.array_module(array).swapaxes(array, 0, 1) if batch_first else array
+def _time_major_blocks(array, directions: int, batch_first: bool):
+    """A ``(T, N, D, K)`` view of a layer-layout array whose features are ``D`` blocks."""
+    xp = backend.array_module(array)
+    first, second, features = array.shape
+    blocks = array.reshape(first, second, directions, features // directions)
+    return xp.swapaxes(blocks, 0, 1) if batch_first else blocks
 
 
-def _time_major_copy(sequence, batch_first: bool, bias=None):
-    """A new C-contiguous time-major array of a sequence, plus ``bias`` if given."""
-    xp = backend.array_module(sequence)
-    copy = xp.array(_time_major(sequence, batch_first), order="C", copy=True)
-    if bias is not None:
-        copy += bias
-    return copy
+def _to_steps(time_major_blocks, bias=None):
+    """A new contiguous ``(D, T, N, K)`` array, each direction in its reading order (the
+    reverse one back to front), plus ``bias (D, K)`` if given."""
+    xp = backend.array_module(time_major_blocks)
+    steps, batch, directions, size = time_major_blocks.shape
+    result = xp.empty((directions, steps, batch, size), dtype=time_major_blocks.dtype)
+    for direction in range(directions):
+        source = time_major_blocks[:, :, direction]
+        if direction:
+            source = source[::-1]
+        if bias is None:
+            result[direction] = source
+        else:
+            xp.add(source, bias[direction], out=result[direction])
+    return result
 
 
-def _pack(time_major_parts: list, batch_first: bool):
-    """Time-major arrays joined along time into one new array in the layer's layout."""
-    xp = backend.array_module(time_major_parts[0])
-    steps = sum(part.shape[0] for part in time_major_parts)
-    batch, size = time_major_parts[0].shape[1:]
-    shape = (batch, steps, size) if batch_first else (steps, batch, size)
-    packed = xp.empty(shape, dtype=time_major_parts[0].dtype)
-    target, start = _time_major(packed, batch_first), 0
-    for part in time_major_parts:
-        target[start : start + part.shape[0]] = part
-        start += part.shape[0]
-    return packed
+def _final_state(time_major_row):
+    """A new ``(D, N, H)`` array from one ``(N, D, H)`` row of a time-major view."""
+    xp = backend.array_module(time_major_row)
+    return xp.ascontiguousarray(xp.swapaxes(time_major_row, 0, 1))
 
 
-def _layer_layout(time_major_array, batch_first: bool):
-    """A contiguous array in the layer's layout from a time-major one."""
-    xp = backend.array_module(time_major_array)
-    if not batch_first:
-        return time_major_array
-    return xp.ascontiguousarray(xp.swapaxes(time_major_array, 0, 1))
+def _to_layer_layout(steps_array, final_rows: list, batch_first: bool):
+    """One new layer-layout array: ``steps_array (D, T, N, K)`` as rows ``0..T-1`` (back in
+    time order), then one row per ``(D, N, K)`` array of ``final_rows``."""
+    xp = backend.array_module(steps_array)
+    directions, steps, batch, size = steps_array.shape
+    rows = steps + len(final_rows)
+    shape = (batch, rows, directions * size) if batch_first else (rows, batch, directions * size)
+    result = xp.empty(shape, dtype=steps_array.dtype)
+    target = _time_major_blocks(result, directions, batch_first)  # a view of result
+    for direction in range(directions):
+        sequence = target[:steps, :, direction]
+        (sequence[::-1] if direction else sequence)[...] = steps_array[direction]
+    for row, final in enumerate(final_rows):
+        target[steps + row] = xp.swapaxes(final, 0, 1)
+    return result
+
+
+def _from_steps(steps_array, batch_first: bool):
+    """A new layer-layout ``(N, T, D * K)`` (or ``(T, N, D * K)``) array from ``(D, T, N, K)``."""
+    return _to_layer_layout(steps_array, [], batch_first)
 
 
 def _weight_gradient(grad_gates, hiddens):
-    """``sum_t grad_gates[t].T @ h_{t-1}``: ``W_hh``'s gradient over all steps in one GEMM."""
-    gate_width, size = grad_gates.shape[-1], hiddens.shape[-1]
-    return grad_gates.reshape(-1, gate_width).T @ hiddens[:-1].reshape(-1, size)
+    """``sum_t grad_gates[:, t].T @ h_{t-1}`` per direction: ``W_hh``'s gradient, one GEMM
+    per direction over all steps."""
+    xp = backend.array_module(grad_gates)
+    directions, steps, batch, gate_width = grad_gates.shape
+    size = hiddens.shape[-1]
+    flat_grad = grad_gates.reshape(directions, steps * batch, gate_width)
+    flat_hiddens = hiddens[:, :steps].reshape(directions, steps * batch, size)
+    return xp.matmul(xp.swapaxes(flat_grad, 1, 2), flat_hiddens)

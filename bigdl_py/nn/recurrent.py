@@ -6,10 +6,10 @@ default initialisation are PyTorch's, so a PyTorch ``state_dict`` loads as is::
     lstm = nn.LSTM(8, 16, num_layers=2)
     lstm.load_state_dict({k: v.numpy() for k, v in torch_lstm.state_dict().items()})
 
-Per layer, the input projection of all time steps is one GEMM (``ops.linear``); the
-recurrence and its backward through time are one fused node each
-(``_recurrent_functions.py``), so long sequences neither deepen the graph nor slow the
-backward walk.
+Per layer, the input projection of all time steps and both directions is one GEMM
+(``ops.linear`` on the directions' stacked ``W_ih``); the recurrence of both directions and
+its backward through time are one fused node (``_recurrent_functions.py``), so long
+sequences neither deepen the graph nor slow the backward walk.
 """
 
 from __future__ import annotations
@@ -128,50 +128,79 @@ class _Recurrent(Module):
         return state
 
     def _per_layer(self, state: Tensor | None, like: Tensor, batch: int) -> list:
-        """The initial state of each layer and direction (PyTorch's order: layer 0 forward,
-        layer 0 reverse, layer 1 forward, ...): slices of ``state``, or zeros when None."""
-        count = self.num_layers * self.directions
+        """The initial state of each layer, ``(directions, N, H)`` (PyTorch's rows: layer 0
+        forward, layer 0 reverse, layer 1 forward, ...): slices of ``state``, or zeros when
+        None."""
+        directions = self.directions
         if state is None:
             with like.device.activate():
-                zeros = like.device.xp.zeros((batch, self.hidden_size), dtype=like.dtype)
-            return [Tensor(zeros, _copy=False)] * count
-        return [ops.getitem(state, index) for index in range(count)]
+                zeros = like.device.xp.zeros(
+                    (directions, batch, self.hidden_size), dtype=like.dtype
+                )
+            return [Tensor(zeros, _copy=False)] * self.num_layers
+        return [
+            ops.getitem(state, slice(layer * directions, (layer + 1) * directions))
+            for layer in range(self.num_layers)
+        ]
 
     # --- running ------------------------------------------------------------------------
     def _time_index(self, index) -> tuple:
         """An index that picks ``index`` along the time axis of a sequence."""
         return (slice(None), index) if self.batch_first else (index,)
 
+    def _layer_parameters(self, layer: int, kind: str) -> Tensor | None:
+        """``kind`` (``"weight_ih"``, ...) of every direction of ``layer``, joined: weights
+        ``_ih`` stacked along the gate rows (one input GEMM serves both directions), ``_hh``
+        stacked on a new leading direction axis."""
+        if kind.startswith("bias") and not self.bias:
+            return None
+        parts = [getattr(self, f"{kind}_l{layer}{suffix}") for suffix in self._suffixes]
+        if kind.endswith("_ih"):
+            return parts[0] if len(parts) == 1 else ops.concatenate(parts, axis=0)
+        return ops.stack(parts, axis=0)
+
     def _run_layers(self, x: Tensor, initial_states: list[tuple]) -> tuple[Tensor, list]:
-        """Run every layer; ``initial_states[k * directions + d]`` holds the states (h, or h
-        and c) of layer k in direction d.
+        """Run every layer; ``initial_states[k]`` holds the states (h, or h and c) of layer
+        k, each ``(directions, N, H)``.
 
         Returns the last layer's output sequence (the directions joined along the features)
-        and the final states of every layer and direction, in the same order.
+        and the final states of every layer, each ``(directions, N, H)``.
         """
         sequence, final_states = x, []
-        backwards = self._time_index(slice(None, None, -1))
+        steps = x.shape[1 if self.batch_first else 0]
+        batch = x.shape[0 if self.batch_first else 1]
         for layer in range(self.num_layers):
-            outputs = []
-            for direction, suffix in enumerate(self._suffixes):
-                name = f"l{layer}{suffix}"
-                weight_ih = getattr(self, f"weight_ih_{name}")
-                weight_hh = getattr(self, f"weight_hh_{name}")
-                bias_ih = getattr(self, f"bias_ih_{name}") if self.bias else None
-                biases = (getattr(self, f"bias_hh_{name}"),) if self.bias else ()
-                input_gates = ops.linear(sequence, weight_ih, bias_ih)
-                if direction:  # the reverse direction reads the sequence back to front
-                    input_gates = ops.getitem(input_gates, backwards)
-                states = initial_states[layer * self.directions + direction]
-                output, states = self._recur(input_gates, weight_hh, states, biases)
-                outputs.append(ops.getitem(output, backwards) if direction else output)
-                final_states.append(states)
-            sequence = outputs[0] if len(outputs) == 1 else ops.concatenate(outputs, axis=-1)
+            # Every step's and direction's input projection in one GEMM over 2-d rows.
+            flat = ops.reshape(sequence, (-1, sequence.shape[-1]))
+            weight_ih = self._layer_parameters(layer, "weight_ih")
+            input_gates = ops.linear(flat, weight_ih, self._layer_parameters(layer, "bias_ih"))
+            input_gates = ops.reshape(input_gates, (*sequence.shape[:2], -1))
+            bias_hh = self._layer_parameters(layer, "bias_hh")
+            packed = self._recur(
+                input_gates,
+                self._layer_parameters(layer, "weight_hh"),
+                initial_states[layer],
+                () if bias_hh is None else (bias_hh,),
+            )
+            sequence = ops.getitem(packed, self._time_index(slice(0, steps)))
+            # Rows T, T + 1, ... of the packed output are the final states, (N, D * H) each.
+            final_states.append(
+                tuple(
+                    ops.permute(
+                        ops.reshape(
+                            ops.getitem(packed, self._time_index(steps + row)),
+                            (batch, self.directions, self.hidden_size),
+                        ),
+                        (1, 0, 2),
+                    )
+                    for row in range(len(initial_states[layer]))
+                )
+            )
             if self.dropout and self.training and layer < self.num_layers - 1:
                 sequence = ops.dropout(sequence, self.dropout)
         return sequence, final_states
 
-    def _recur(self, input_gates, weight_hh, states, biases) -> tuple[Tensor, tuple]:
+    def _recur(self, input_gates, weight_hh, states, biases) -> Tensor:
         raise NotImplementedError  # pragma: no cover - each subclass has its recurrence
 
     def extra_repr(self) -> str:
@@ -278,20 +307,12 @@ class LSTM(_Recurrent):
         hiddens, cells = self._per_layer(hidden, x, batch), self._per_layer(cell, x, batch)
         initial = list(zip(hiddens, cells, strict=True))
         output, finals = self._run_layers(x, initial)
-        final_hidden = ops.stack([hidden_n for hidden_n, _ in finals], axis=0)
-        final_cell = ops.stack([cell_n for _, cell_n in finals], axis=0)
-        return output, (final_hidden, final_cell)
+        return output, (_join_layers([h for h, _ in finals]), _join_layers([c for _, c in finals]))
 
     def _recur(self, input_gates, weight_hh, states, biases):
-        packed = LSTMSequence.apply(
+        return LSTMSequence.apply(
             input_gates, weight_hh, *states, *biases, batch_first=self.batch_first
         )
-        # Rows 0..T-1 of the packed output are the hidden states, row T the last cell state.
-        steps = input_gates.shape[1 if self.batch_first else 0]
-        sequence = ops.getitem(packed, self._time_index(slice(0, steps)))
-        last_hidden = ops.getitem(packed, self._time_index(steps - 1))
-        last_cell = ops.getitem(packed, self._time_index(steps))
-        return sequence, (last_hidden, last_cell)
 
 
 class GRU(_Recurrent):
@@ -357,11 +378,14 @@ class GRU(_Recurrent):
         hidden = None if hx is None else self._checked_state(hx, "hidden state h_0", batch)
         initial = [(h0,) for h0 in self._per_layer(hidden, x, batch)]
         output, finals = self._run_layers(x, initial)
-        return output, ops.stack([hidden_n for (hidden_n,) in finals], axis=0)
+        return output, _join_layers([h for (h,) in finals])
 
     def _recur(self, input_gates, weight_hh, states, biases):
-        sequence = GRUSequence.apply(
+        return GRUSequence.apply(
             input_gates, weight_hh, *states, *biases, batch_first=self.batch_first
         )
-        last_hidden = ops.getitem(sequence, self._time_index(-1))
-        return sequence, (last_hidden,)
+
+
+def _join_layers(states: list) -> Tensor:
+    """Per-layer ``(directions, N, H)`` states as one ``(num_layers * directions, N, H)``."""
+    return states[0] if len(states) == 1 else ops.concatenate(states, axis=0)
