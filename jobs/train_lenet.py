@@ -120,6 +120,7 @@ def progress_reporting(no_progress: bool) -> Progress:
 def main(argv=None) -> float:
     arguments = parse_arguments(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    logging.getLogger("py4j").setLevel(logging.WARNING)  # its INFO lines are Spark's plumbing
     started = time.perf_counter()
     spark = get_spark(arguments.master, app_name="bigdl_py LeNet-5 Fashion-MNIST")
     spark.sparkContext.setLogLevel("WARN")
