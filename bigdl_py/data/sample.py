@@ -41,25 +41,21 @@ def split_bounds(size: int, parts: int) -> list[tuple[int, int]]:
     """Cut ``range(size)`` into ``parts`` contiguous shares whose sizes differ by at most one.
 
     The first ``size % parts`` shares get one extra item (as ``numpy.array_split``). This is
-    the one rule by which a global batch is cut across partitions; when ``parts > size`` the
-    last shares are empty.
+    the one rule by which a global batch is cut across partitions, a flat vector into owned
+    slices and the training data into partitions (``bigdl_py.optim.sharding.slice_bounds``
+    computes it); when ``parts > size`` the last shares are empty.
 
     Returns
     -------
     list of (start, stop)
     """
+    from bigdl_py.optim.sharding import all_slice_bounds  # optim loads the engine: only here
+
     if isinstance(parts, bool) or not isinstance(parts, (int, np.integer)) or parts < 1:
         raise ValueError(f"number of shares must be a positive integer, got {parts!r}")
     if size < 0:
         raise ValueError(f"size must be >= 0, got {size}")
-    base, extra = divmod(int(size), int(parts))
-    bounds = []
-    start = 0
-    for share in range(parts):
-        stop = start + base + (1 if share < extra else 0)
-        bounds.append((start, stop))
-        start = stop
-    return bounds
+    return all_slice_bounds(int(size), int(parts))
 
 
 class Sample:

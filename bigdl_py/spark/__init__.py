@@ -7,6 +7,13 @@
 - :mod:`bigdl_py.spark.collectives` — broadcast, reduce, all_reduce, reduce_scatter,
   all_gather, scatter, gather and barrier over the partitions of an RDD.
 - :mod:`bigdl_py.spark.wire` — how array slices travel through a shuffle (fp16/bf16 option).
+- :mod:`bigdl_py.spark.distri_optimizer` — ``DistriOptimizer``: BigDL's synchronous
+  data-parallel training loop; ``update=`` picks a training mode (``"auto"``, ``"sharded"``,
+  ``"replicated"``, ``LocalSGD(period=k)``; one file each in :mod:`bigdl_py.spark.modes`).
+  Its machinery: ``partitioned_data`` (the data on the executors), ``replica`` (a
+  partition's model and forward-backward), ``owner_update`` (the owner's step and state
+  store), ``training_run`` (jobs of chained iterations), ``batch_plan`` (which samples
+  partition j trains on in iteration i).
 - :mod:`bigdl_py.spark.distri_trainer` — ``DistriTrainer``: custom training steps (several
   models, one OptimMethod each, e.g. a GAN) on DistriOptimizer's machinery.
 - :mod:`bigdl_py.spark.ml` — Spark ML pipeline stages ``NNEstimator``, ``NNClassifier``,
@@ -39,10 +46,18 @@ _LAZY = {
     "NNModel": "bigdl_py.spark.ml",
     "DistriTrainer": "bigdl_py.spark.distri_trainer",
     "predict_udf": "bigdl_py.spark.predict_udf",
+    "DistriOptimizer": "bigdl_py.spark.distri_optimizer",
+    "DistributedTrainingError": "bigdl_py.spark.partitioned_data",
+    "LocalSGD": "bigdl_py.spark.modes.local_sgd",
+    "PartitionedBatchPlan": "bigdl_py.spark.batch_plan",
 }
 
 __all__ = [
+    "DistriOptimizer",
     "DistriTrainer",
+    "DistributedTrainingError",
+    "LocalSGD",
+    "PartitionedBatchPlan",
     "NNClassifier",
     "NNClassifierModel",
     "NNEstimator",

@@ -8,7 +8,7 @@ resumed run exact, and a failed task's retry compute the same gradient.
 Partition ``j`` holding ``n_j`` samples reads its share ``b_j`` of each global batch from an
 endless stream: the concatenation of its own per-epoch permutations ``perm(seed, e, j)`` of
 ``range(n_j)``. Iteration ``t`` takes stream positions ``[t*b_j, (t+1)*b_j)``. Shares come
-from ``split_bounds(batch_size, N)``: they differ by at most one sample, so any batch size
+from ``all_slice_bounds(batch_size, N)``: they differ by at most one sample, so any batch size
 works with any number of partitions (BigDL refused sizes that were not multiples of the core
 count). An epoch is ``ceil(total / batch_size)`` iterations, BigDL's count.
 
@@ -24,7 +24,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from bigdl_py.data import ArrayDataset
-from bigdl_py.data.sample import split_bounds
+from bigdl_py.optim.sharding import all_slice_bounds
 
 _PARTITION_STREAM = 2  # a stream id distinct from the dataset's shuffle and augment streams
 
@@ -62,7 +62,9 @@ class PartitionedBatchPlan:
         self.seed = int(seed)
         self.shuffle = bool(shuffle)
         count = len(self.partition_sizes)
-        self.share_sizes = [stop - start for start, stop in split_bounds(self.batch_size, count)]
+        self.share_sizes = [
+            stop - start for start, stop in all_slice_bounds(self.batch_size, count)
+        ]
         self.total = sum(self.partition_sizes)
         if self.total < count:
             raise ValueError(
@@ -129,6 +131,18 @@ class PartitionedBatchPlan:
             position += take
         return np.concatenate(pieces)
 
+    def shares(self, iteration: int) -> list[np.ndarray]:
+        """Every partition's :meth:`local_indices` of batch ``iteration``, in partition order:
+        what the partitions train on in that iteration."""
+        return [
+            self.local_indices(partition, iteration) for partition in range(self.num_partitions)
+        ]
+
+    def epoch_global_indices(self, epoch: int) -> list[np.ndarray]:
+        """One entry per iteration of ``epoch``: the :meth:`global_indices` of its batch."""
+        first = epoch * self.iterations_per_epoch
+        return [self.global_indices(t) for t in range(first, first + self.iterations_per_epoch)]
+
     def global_indices(self, iteration: int) -> np.ndarray:
         """Indices into the concatenation of all partitions of batch ``iteration``'s samples,
         partition 0's share first."""
@@ -159,8 +173,4 @@ class PlannedDataset(ArrayDataset):
         return self.plan.iterations_per_epoch
 
     def global_batch_indices(self, epoch: int, batch_size: int | None = None) -> list[np.ndarray]:
-        first = epoch * self.plan.iterations_per_epoch
-        return [
-            self.plan.global_indices(iteration)
-            for iteration in range(first, first + self.plan.iterations_per_epoch)
-        ]
+        return self.plan.epoch_global_indices(epoch)

@@ -122,13 +122,22 @@ def single_array(partition: int, iterator: Iterable[Any], operation: str) -> np.
 def pieces_for_owners(
     rank: int, array: Any, count: int, wire_dtype: str | None = None
 ) -> Iterator[tuple[int, Piece]]:
-    """``(owner j, Piece)`` for j in ``range(count)``: slice j of the flattened ``array``."""
+    """``(owner j, Piece)`` for j in ``range(count)``: slice j of the flattened ``array``
+    (BigDL's *putGradients*)."""
     host = np.asarray(backend.as_numpy(array))
     flat = host.reshape(-1)
     for owner in range(count):
         start, stop = slice_bounds(flat.size, owner, count)
         payload = wire.encode(flat[start:stop], wire_dtype)
         yield owner, Piece(rank, host.shape, host.dtype.str, payload)
+
+
+def whole_piece(rank: int, array: Any, wire_dtype: str | None = None) -> Piece:
+    """The whole flattened ``array`` as one Piece, for an all-to-all in which every rank
+    sends its array to every rank (each receiver combines them with
+    :func:`combine_owned_pieces`)."""
+    host = np.asarray(backend.as_numpy(array))
+    return Piece(rank, host.shape, host.dtype.str, wire.encode(host.reshape(-1), wire_dtype))
 
 
 def _accumulator_dtype(dtype: np.dtype) -> np.dtype:
@@ -237,8 +246,21 @@ def reduce_scatter(rdd: RDD, op: str = "sum", wire_dtype: str | None = None) -> 
 # --- all-gather ------------------------------------------------------------------------------
 
 
-def _payloads_by_rank(owner: int, iterator, count: int, operation: str) -> list[Any]:
-    """The payloads partition ``owner`` received, one per rank, in rank order."""
+def payload_for_everyone(rank: int, payload: Any, count: int) -> Iterator[tuple[int, tuple]]:
+    """``(partition k, (rank, payload))`` for k in ``range(count)``: the sending half of an
+    all-gather, to fuse with a trainer's own stage (BigDL's *sendWeightPartition*)."""
+    return ((owner, (rank, payload)) for owner in range(count))
+
+
+def payloads_by_rank(owner: int, iterator, count: int, operation: str = "all_gather") -> list:
+    """The receiving half of an all-gather: the payloads partition ``owner`` received, one
+    per rank, in rank order.
+
+    Raises
+    ------
+    ValueError
+        If a rank's payload is missing or repeated (the message names the ranks).
+    """
     by_rank = sorted((pair for _, pair in iterator), key=lambda pair: pair[0])
     ranks = [rank for rank, _ in by_rank]
     if ranks != list(range(count)):
@@ -258,11 +280,10 @@ def _shuffle_to_everyone(rdd: RDD, encode_rank: Callable, operation: str) -> RDD
     count = rdd.getNumPartitions()
 
     def send(rank, iterator):
-        payload = encode_rank(rank, iterator)
-        return ((owner, (rank, payload)) for owner in range(count))
+        return payload_for_everyone(rank, encode_rank(rank, iterator), count)
 
     def receive(owner, iterator):
-        yield _payloads_by_rank(owner, iterator, count, operation)
+        yield payloads_by_rank(owner, iterator, count, operation)
 
     return (
         rdd.mapPartitionsWithIndex(send)

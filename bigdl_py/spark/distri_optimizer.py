@@ -2,9 +2,10 @@
 
 It is the training loop of :class:`~bigdl_py.train.loop.BaseOptimizer` — the same triggers,
 validation, checkpoints, summaries, clipping and progress as ``LocalOptimizer`` — with a
-runner that does each iteration on the executors (``distri_optimizer_run.py``): N model
-replicas next to N data partitions, the gradient AllReduce through Spark's shuffle, and the
-optimizer state sharded N ways, each owner updating its slice of the weights.
+runner that does the iterations on the executors, a Spark job per chain of them
+(``training_run.py``): N model replicas next to N data partitions (``partitioned_data.py``,
+``replica.py``), the gradient AllReduce through Spark's shuffle, and the update as the
+training mode does it (``modes/``: sharded, replicated, local SGD; ``owner_update.py``).
 
 The mathematics is single-process SGD on the global batch: iteration ``t``'s global batch is
 partition ``j``'s share ``b_j`` (``batch_size`` split N ways, shares differing by at most one)
@@ -17,6 +18,7 @@ batches, and the tests hold the two to float tolerance.
 from __future__ import annotations
 
 import copy
+import logging
 import numbers
 import uuid
 from collections.abc import Sequence
@@ -24,25 +26,31 @@ from typing import Any
 
 import numpy as np
 
-from bigdl_py.data import ArrayDataset, MiniBatch
-from bigdl_py.data.sample import split_bounds
 from bigdl_py.nn.module import Module
 from bigdl_py.optim import ConstantClipping, L2NormClipping, OptimMethod
 from bigdl_py.optim.flat_parameters import FlatParameters
-from bigdl_py.optim.sharding import all_slice_bounds, concatenate_state_dicts, split_state_dict
-from bigdl_py.spark import distri_optimizer_tasks as tasks
 from bigdl_py.spark.batch_plan import PartitionedBatchPlan, PlannedDataset
-from bigdl_py.spark.distri_optimizer_run import (
+from bigdl_py.spark.dataframe import prepare_training_input
+from bigdl_py.spark.modes import TrainingMode, resolve_mode
+from bigdl_py.spark.partitioned_data import (
     DistributedTrainingError,
     PartitionedData,
-    SparkTrainingRun,
+    is_dataframe,
+    is_rdd,
+    prepare_training,
 )
+from bigdl_py.spark.partitioned_data import is_dataframe as _is_dataframe  # noqa: F401 (old name)
+from bigdl_py.spark.partitioned_data import is_rdd as _is_rdd  # noqa: F401 (old name)
+from bigdl_py.spark.replica import RunSpec
+from bigdl_py.spark.training_run import SparkTrainingRun
 from bigdl_py.train import batches as batch_io
 from bigdl_py.train.loop import BaseOptimizer
 from bigdl_py.train.metrics import ValidationMethod, ValidationResult
 from bigdl_py.train.progress import Progress
 from bigdl_py.train.runner import IterationResult, IterationRunner, IterationStep, TrainingSetup
 from bigdl_py.train.triggers import Trigger
+
+logger = logging.getLogger("bigdl_py.spark")
 
 __all__ = ["DistriOptimizer", "DistributedTrainingError", "SparkTrainingSet", "SparkValidationSet"]
 
@@ -55,65 +63,6 @@ DEFAULT_ITERATIONS_PER_JOB = 8
 MAX_ITERATIONS_PER_JOB = 32
 
 
-def _is_rdd(data: Any) -> bool:
-    return any(
-        cls.__module__.startswith("pyspark") and cls.__name__ == "RDD" for cls in type(data).__mro__
-    )
-
-
-def _is_dataframe(data: Any) -> bool:
-    return any(
-        cls.__module__.startswith("pyspark.sql") and cls.__name__ == "DataFrame"
-        for cls in type(data).__mro__
-    )
-
-
-def training_rdd(
-    data, sc, num_partitions, feature_cols="features", label_col="label", feature_shape=None
-):
-    """The training data as an RDD, and the broadcasts it reads (to destroy at the end).
-
-    RDDs come as they are, DataFrames are read through Arrow into one MiniBatch per
-    partition, and arrays are cut into ``num_partitions`` contiguous blocks, each shipped
-    as a broadcast of its own behind a one-partition RDD. (``sc.parallelize(blocks)`` would
-    keep each block inside its partition object, and Spark serialises that object into
-    every task that reads the cached data: the whole block, every iteration.)
-    """
-    if _is_rdd(data):
-        return data, []
-    if _is_dataframe(data):
-        from bigdl_py.spark.dataframe import dataframe_to_partition_arrays
-
-        if data.rdd.getNumPartitions() != num_partitions:
-            # Rows, not whole partition blocks, must be spread over the partitions.
-            data = data.repartition(num_partitions)
-
-        blocks = dataframe_to_partition_arrays(data, feature_cols, label_col, feature_shape)
-        return blocks.map(lambda block: MiniBatch(block[0], block[1])), []
-    if isinstance(data, tuple) and len(data) == 2:
-        data = ArrayDataset(data[0], data[1])
-    if isinstance(data, ArrayDataset):
-        features, labels = data.features, data.labels
-        size = len(data)
-        if size < num_partitions:
-            raise ValueError(
-                f"the training data has {size} samples, fewer than the {num_partitions} "
-                "partitions; use fewer partitions (num_partitions=)"
-            )
-        blocks = [
-            MiniBatch(tuple(np.asarray(f[start:stop]) for f in features), labels[start:stop])
-            for start, stop in split_bounds(size, num_partitions)
-        ]
-        broadcasts = [sc.broadcast(block) for block in blocks]
-        parts = [sc.parallelize([0], 1).map(lambda _, b=b: b.value) for b in broadcasts]
-        return sc.union(parts), broadcasts
-    raise TypeError(
-        "training_set must be a PySpark RDD (of Samples, (features, label) pairs or "
-        "MiniBatches), a DataFrame, an ArrayDataset or (features, labels) arrays; got "
-        f"{type(data).__name__}"
-    )
-
-
 class SparkTrainingSet:
     """The training data as the loop sees it: ``len()`` and every epoch's global batches.
 
@@ -121,24 +70,20 @@ class SparkTrainingSet:
     :class:`PartitionedBatchPlan` over their sizes.
     """
 
-    def __init__(self, data: PartitionedData, batch_size: int, seed: int, shuffle: bool = True):
+    def __init__(self, data: PartitionedData, plan: PartitionedBatchPlan):
         self.data = data
-        self.batch_size = int(batch_size)
-        self.seed = int(seed)
-        self.shuffle = bool(shuffle)
+        self.plan = plan
+        self.batch_size = plan.batch_size
+        self.seed = plan.seed
+        self.shuffle = plan.shuffle
         self.num_partitions = data.num_partitions
-        self.plan = PartitionedBatchPlan(data.sizes, batch_size, seed=seed, shuffle=shuffle)
 
     def __len__(self) -> int:
         return self.plan.total
 
     def global_batch_indices(self, epoch: int, batch_size: int | None = None) -> list[np.ndarray]:
         """One entry per iteration of ``epoch``: the global sample indices of its batch."""
-        first = epoch * self.plan.iterations_per_epoch
-        return [
-            self.plan.global_indices(iteration)
-            for iteration in range(first, first + self.plan.iterations_per_epoch)
-        ]
+        return self.plan.epoch_global_indices(epoch)
 
 
 class SparkValidationSet:
@@ -172,7 +117,8 @@ class SparkRunner(IterationRunner):
         self.plan = training_set.plan
         constant = next((c for c in setup.clippings if isinstance(c, ConstantClipping)), None)
         l2 = next((c for c in setup.clippings if isinstance(c, L2NormClipping)), None)
-        self.spec = tasks.RunSpec(
+        self.mode, iterations_per_job = self._choose_mode(l2)
+        self.spec = RunSpec(
             run_id="run-" + uuid.uuid4().hex[:12],
             model=setup.model,
             criterion=setup.criterion,
@@ -187,16 +133,30 @@ class SparkRunner(IterationRunner):
             l2_clipping=l2,
             gradient_accumulation=self.options["gradient_accumulation"],
             device=self.options["device"],
-            update=self.options["update"],
+            mode=self.mode,
         )
         self._resume_states = None
         self._pending_metric = None
-        # With the sharded update, global-norm clipping needs the norm of the whole summed
-        # gradient before any owner steps: a small job of its own each iteration (see
-        # SparkTrainingRun.run_iteration). Replicated partitions hold the whole gradient.
-        sharded = self.spec.update == "sharded"
-        chainable = l2 is None or not sharded
-        self.iterations_per_call = self.options["iterations_per_job"] if chainable else 1
+        self.iterations_per_call = self.mode.iterations_per_call(iterations_per_job, self.spec)
+
+    def _choose_mode(self, l2_clipping: Any) -> tuple[TrainingMode, int]:
+        """The training mode and iterations per job this run uses."""
+        update = self.options["update"]
+        iterations_per_job = self.options["iterations_per_job"]
+        if update == "auto":
+            from bigdl_py.spark.modes.auto import choose_mode
+
+            choice = choose_mode(
+                parameter_bytes=int(self.flat.size) * self.flat.weights.dtype.itemsize,
+                num_partitions=self.plan.num_partitions,
+                shared_disk=self.options["shared_disk"],
+                global_norm_clipping=l2_clipping is not None,
+                iterations_per_job=self.options["requested_iterations_per_job"],
+            )
+            logger.info(choice.reason)
+            return resolve_mode(choice.update), choice.iterations_per_job
+        # The run's own copy: a mode object may record per-run settings.
+        return copy.deepcopy(resolve_mode(update)), iterations_per_job
 
     def _ensure_run(self, iteration: int) -> SparkTrainingRun:
         if self.run is None:
@@ -204,20 +164,9 @@ class SparkRunner(IterationRunner):
             if self._resume_states is not None:
                 initial = {"iteration": iteration, "shards": self._resume_states}
             self.run = SparkTrainingRun(
-                self.setup.training_set.data,
-                self.spec,
-                np.asarray(self.flat.weights, dtype=np.float32),
-                initial,
+                self.setup.training_set.data, self.spec, np.asarray(self.flat.weights), initial
             )
         return self.run
-
-    def _shares(self, epoch: int, batch_index: int) -> list:
-        """Each partition's sample indices (within the partition) of a global batch."""
-        plan_iteration = epoch * self.plan.iterations_per_epoch + batch_index
-        return [
-            self.plan.local_indices(partition, plan_iteration)
-            for partition in range(self.plan.num_partitions)
-        ]
 
     def _schedule(self, epoch: int, iteration: int) -> dict:
         schedule = {"iteration": iteration, "epoch": epoch}
@@ -229,41 +178,29 @@ class SparkRunner(IterationRunner):
     def run_iteration(
         self, epoch: int, iteration: int, batch_index: int, indices: np.ndarray
     ) -> IterationResult:
-        if self.spec.update == "replicated":  # its state lives only in chains' partitions
-            step = IterationStep(epoch, iteration, batch_index, indices)
-            (result,) = self.run_iterations([step], stop_after_nonfinite=False)
-            return result
-        run = self._ensure_run(iteration)
-        result = run.run_iteration(
-            iteration,
-            self._shares(epoch, batch_index),
-            self._schedule(epoch, iteration),
-            f"bigdl_py iteration {iteration + 1}",
-        )
-        # The driver's copy of the optim method only keeps the schedule (learning rate for
-        # summaries and progress); the shards hold the per-element state.
-        self.setup.optim_method.on_iteration_end(iteration + 1)
-        return IterationResult(float(result["loss"]), int(result["count"]), bool(result["finite"]))
+        step = IterationStep(epoch, iteration, batch_index, indices)
+        (result,) = self.run_iterations([step], stop_after_nonfinite=False)
+        return result
 
     def run_iterations(
         self, steps: Sequence[IterationStep], stop_after_nonfinite: bool
     ) -> list[IterationResult]:
-        replicated = self.spec.update == "replicated"
-        if len(steps) == 1 and not replicated:
-            return super().run_iterations(steps, stop_after_nonfinite)
         first = steps[0].iteration
+        steps = steps[: self.mode.steps_to_run(first, len(steps))]
         run = self._ensure_run(first)
-        chain = run.run_replicated_chain if replicated else run.run_chain
         last = first + len(steps)
-        outcomes = chain(
+        what = f"iteration {first + 1}" if len(steps) == 1 else f"iterations {first + 1}-{last}"
+        outcomes = run.run_chain(
             first,
-            [self._shares(step.epoch, step.batch_index) for step in steps],
+            [self.plan.shares(self._plan_iteration(step)) for step in steps],
             [self._schedule(step.epoch, step.iteration) for step in steps],
-            f"bigdl_py iterations {first + 1}-{last}: forward-backward + {self.spec.update} update",
+            f"bigdl_py {what}: forward-backward + {self.mode.name} update",
             stop_after_nonfinite,
         )
         results = []
         for step, outcome in zip(steps, outcomes, strict=False):
+            # The driver's copy of the optim method only keeps the schedule (learning rate
+            # for summaries and progress); the partitions hold the per-element state.
             learning_rate = self.learning_rate()
             self.setup.optim_method.on_iteration_end(step.iteration + 1)
             results.append(
@@ -275,6 +212,10 @@ class SparkRunner(IterationRunner):
                 )
             )
         return results
+
+    def _plan_iteration(self, step: IterationStep) -> int:
+        """The batch plan's iteration of a loop step (its epoch's batch ``batch_index``)."""
+        return step.epoch * self.plan.iterations_per_epoch + step.batch_index
 
     def end_epoch(self, epoch: int, validation_score: float | None = None) -> None:
         super().end_epoch(epoch, validation_score)
@@ -296,7 +237,7 @@ class SparkRunner(IterationRunner):
     def load_model_state_dict(self, state: dict[str, np.ndarray]) -> None:
         super().load_model_state_dict(state)
         if self.run is not None:
-            self.run.weights = np.asarray(self.flat.weights, dtype=np.float32).copy()
+            self.run.weights = np.array(self.flat.weights)
 
     # --- optimizer state: one dict per shard --------------------------------------------
     def optim_state_dict(self) -> list[dict[str, Any]]:
@@ -318,14 +259,8 @@ class SparkRunner(IterationRunner):
 
     def load_optim_state_dict(self, state: dict[str, Any] | list[dict[str, Any]]) -> None:
         shards = state if isinstance(state, list) else [state]
-        count = self.spec.num_partitions
-        if len(shards) != count:  # another partition count: re-shard the whole state
-            whole = concatenate_state_dicts(shards) if len(shards) > 1 else dict(shards[0])
-            has_arrays = any(isinstance(v, np.ndarray) and v.ndim == 1 for v in whole.values())
-            if has_arrays:
-                shards = split_state_dict(whole, all_slice_bounds(self.flat.size, count))
-            else:
-                shards = [dict(whole) for _ in range(count)]
+        # Another partition count, or another mode's layout: the mode re-cuts the state.
+        shards = self.mode.resume_states(shards, int(self.flat.size), self.spec.num_partitions)
         self._resume_states = shards
         driver = {k: v for k, v in shards[0].items() if _is_schedule_key(k) or k == "step"}
         self.setup.optim_method.load_state_dict(driver)
@@ -401,8 +336,9 @@ class DistriOptimizer(BaseOptimizer):
         gradients add up: the same update as one batch of ``batch_size``, with the memory of
         a ``batch_size / gradient_accumulation`` batch.
     iterations_per_job : int, optional
-        Iterations chained into one Spark job (1 to ``MAX_ITERATIONS_PER_JOB``; default
-        ``DEFAULT_ITERATIONS_PER_JOB`` where the executors share a disk — local modes, one
+        Iterations chained into one Spark job (1 to ``MAX_ITERATIONS_PER_JOB``; default: as
+        ``update="auto"`` picks it, else ``DEFAULT_ITERATIONS_PER_JOB`` where the executors
+        share a disk — local modes, one
         host, or a shared ``BIGDL_PY_STATE_DIR`` — else 1, because a chained stage may run
         away from its partition's files; see ``session.executors_share_a_disk``): each
         iteration stays two stages with the same AllReduce, but the weights pass from one
@@ -411,15 +347,27 @@ class DistriOptimizer(BaseOptimizer):
         early at the end of an epoch and wherever a trigger (end, validation, checkpoint)
         fires; it is one iteration long with global-norm clipping or a trigger that reads the
         training loss (``MinLoss``). Progress and summaries arrive a chain at a time.
-    update : {"sharded", "replicated"}
-        How the summed gradient becomes new weights. ``"sharded"`` (BigDL's AllReduce, the
-        default): partition ``j`` receives slice ``j`` of every gradient, steps that slice
-        with the optimizer state it alone keeps (1/N of it) and sends it back to every
-        replica — two stages per iteration. ``"replicated"`` (PyTorch DDP's way): every
-        partition receives every whole gradient and steps the whole vector with its own
-        copy of the optimizer state — one stage per iteration, N times the shuffle bytes
-        and the optimizer state; for small models, where Spark's per-stage cost dominates
-        (bench/RESULTS.md). Both give the same weights; checkpoints have the same layout.
+    update : {"auto", "sharded", "replicated", "local-sgd"} or a training mode object
+        How the partitions' gradients become new weights (one file per mode in
+        :mod:`bigdl_py.spark.modes`). ``"sharded"`` (BigDL's AllReduce): partition ``j``
+        receives slice ``j`` of every gradient, steps that slice with the optimizer state
+        it alone keeps (1/N of it) and sends it back to every replica — two stages per
+        iteration. ``"replicated"`` (PyTorch DDP's way): every partition receives every
+        whole gradient and steps the whole vector with its own copy of the optimizer state
+        — one stage per iteration, N times the shuffle bytes and the optimizer state. Both
+        give the same weights; checkpoints have the same layout. ``"auto"`` (the default)
+        picks one of these two and the iterations per job, and logs its choice once at the
+        start (logger ``bigdl_py.spark``): **replicated with 16 iterations per job while
+        N x parameter bytes <= 16 MB, else sharded with 1** — 1 per job in both where the
+        executors do not share a disk, and a given ``iterations_per_job`` is kept. The
+        rule comes from bench/RESULTS.md (LeNet-5, 89 KB: replicated 1.6-1.8x faster at
+        batch 128; the CIFAR CNN, 4.5 MB: the two within noise; the shuffle's cost grows
+        past 16 MB per receiver); :mod:`bigdl_py.spark.modes.auto` gives the numbers.
+        ``LocalSGD(period=k, warmup_iterations=w)`` (``"local-sgd"``: ``k = 8``, ``w = 0``)
+        is not exact: after ``w`` synchronous iterations every partition trains its own
+        replica for ``k`` iterations, then the replicas are averaged — one Spark stage per
+        ``k`` iterations (:class:`bigdl_py.spark.LocalSGD` says what happens to the
+        optimizer state and the learning-rate schedule).
     seed : int
         Fixes every partition's per-epoch permutation and the replicas' dropout streams.
     shuffle : bool
@@ -458,7 +406,7 @@ class DistriOptimizer(BaseOptimizer):
         wire_dtype: str | None = None,
         gradient_accumulation: int = 1,
         iterations_per_job: int | None = None,
-        update: str = "sharded",
+        update: str | TrainingMode = "sharded",
         seed: int = 0,
         shuffle: bool = True,
         device: str = "cpu",
@@ -467,7 +415,6 @@ class DistriOptimizer(BaseOptimizer):
         spark: Any = None,
     ):
         from bigdl_py.spark import wire
-        from bigdl_py.spark.session import get_spark, partition_count
 
         if batch_size is None:
             batch_size = getattr(training_set, "batch_size", None)
@@ -484,23 +431,26 @@ class DistriOptimizer(BaseOptimizer):
                 f"iterations_per_job must be an integer from 1 to {MAX_ITERATIONS_PER_JOB}, "
                 f"got {iterations_per_job!r}"
             )
-        if update not in ("sharded", "replicated"):
-            raise ValueError(f'update must be "sharded" or "replicated", got {update!r}')
+        if update != "auto" and not isinstance(update, TrainingMode):
+            resolve_mode(update)  # an unknown name fails here, before any data is cached
         wire_dtype = wire.check_wire_dtype(wire_dtype)
         from bigdl_py.spark.gpu import check_device_request
 
         device = check_device_request(device)
-        spark = spark or get_spark()
-        sc = spark.sparkContext
-        num_partitions = partition_count(sc, num_partitions)
-        self._sc = sc
         self._dataframe_reading = {
             "feature_cols": feature_cols,
             "label_col": label_col,
             "feature_shape": feature_shape,
         }
-        rdd, sources = training_rdd(
-            training_set, sc, num_partitions, feature_cols, label_col, feature_shape
+        runner = SparkRunner(
+            {
+                "wire_dtype": wire_dtype,
+                "gradient_accumulation": int(gradient_accumulation),
+                "device": device,
+                "iterations_per_job": iterations_per_job,
+                "requested_iterations_per_job": iterations_per_job,
+                "update": update,
+            }
         )
         super().__init__(
             model,
@@ -509,30 +459,36 @@ class DistriOptimizer(BaseOptimizer):
             optim_method,
             end_trigger,
             batch_size,
-            SparkRunner(
-                {
-                    "wire_dtype": wire_dtype,
-                    "gradient_accumulation": int(gradient_accumulation),
-                    "device": device,
-                    "iterations_per_job": iterations_per_job,
-                    "update": update,
-                }
-            ),
+            runner,
             skip_nonfinite_batches=skip_nonfinite_batches,
             progress=progress,
         )
-        self.data = PartitionedData(sc, rdd, num_partitions, sources=sources)
-        if iterations_per_job is None:  # the executors are known now (the data is on them)
-            from bigdl_py.spark.session import executors_share_a_disk
 
-            shared = executors_share_a_disk(sc)
-            self.runner.options["iterations_per_job"] = DEFAULT_ITERATIONS_PER_JOB if shared else 1
-        try:
-            self.training_set = SparkTrainingSet(self.data, self.batch_size, seed, shuffle)
-        except ValueError:
-            self.data.close()
-            raise
-        self.num_partitions = num_partitions
+        def check_input(data, sc, num_partitions):
+            return prepare_training_input(
+                data, sc, num_partitions, model, criterion, **self._dataframe_reading
+            )
+
+        sc, self.data, plan = prepare_training(
+            training_set,
+            self.batch_size,
+            num_partitions=num_partitions,
+            seed=seed,
+            shuffle=shuffle,
+            spark=spark,
+            check_input=check_input,
+            **self._dataframe_reading,
+        )
+        self._sc = sc
+        # The executors are known now (the data is on them).
+        from bigdl_py.spark.session import executors_share_a_disk
+
+        shared = executors_share_a_disk(sc)
+        runner.options["shared_disk"] = shared
+        if iterations_per_job is None:
+            runner.options["iterations_per_job"] = DEFAULT_ITERATIONS_PER_JOB if shared else 1
+        self.training_set = SparkTrainingSet(self.data, plan)
+        self.num_partitions = self.data.num_partitions
 
     def _check_batch_size(self, batch_size: Any) -> int:
         if batch_size is None:
@@ -540,8 +496,8 @@ class DistriOptimizer(BaseOptimizer):
         return super()._check_batch_size(batch_size)
 
     def _as_validation_set(self, dataset: Any) -> Any:
-        if _is_rdd(dataset) or _is_dataframe(dataset):
-            reading = self._dataframe_reading if _is_dataframe(dataset) else {}
+        if is_rdd(dataset) or is_dataframe(dataset):
+            reading = self._dataframe_reading if is_dataframe(dataset) else {}
             return SparkValidationSet(dataset, reading)
         return batch_io.as_array_dataset(dataset, "validation dataset", shuffle=False, train=False)
 

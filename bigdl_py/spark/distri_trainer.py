@@ -32,11 +32,10 @@ import numpy as np
 from bigdl_py.nn.module import Module
 from bigdl_py.optim import OptimMethod
 from bigdl_py.optim.flat_parameters import flat_layout
-from bigdl_py.spark import distri_optimizer_tasks as tasks
-from bigdl_py.spark.batch_plan import PartitionedBatchPlan
-from bigdl_py.spark.distri_optimizer import training_rdd
-from bigdl_py.spark.distri_optimizer_run import PartitionedData, SparkTrainingRun
-from bigdl_py.spark.distri_optimizer_tasks import StepBatch, trained_submodule
+from bigdl_py.spark.modes import resolve_mode
+from bigdl_py.spark.partitioned_data import prepare_training
+from bigdl_py.spark.replica import RunSpec, StepBatch, trained_submodule
+from bigdl_py.spark.training_run import SparkTrainingRun
 from bigdl_py.train import checkpoint as checkpoints
 from bigdl_py.train.resume import pack_state_dicts, unpack_state_dicts
 
@@ -46,7 +45,7 @@ __all__ = ["DistriTrainer", "StepBatch"]
 class _Step:
     """One named step: which parameters it trains, and its Spark run once started."""
 
-    def __init__(self, name: str, spec: tasks.RunSpec, names: list[str], values: dict):
+    def __init__(self, name: str, spec: RunSpec, names: list[str], values: dict):
         self.name = name
         self.spec = spec
         self.parameter_names = names  # the trained parameters, in the run's flat order
@@ -116,8 +115,7 @@ class DistriTrainer:
         self.wire_dtype = wire.check_wire_dtype(wire_dtype)
         self.device = check_device_request(device)
         spark = spark or get_spark()
-        sc = spark.sparkContext
-        num_partitions = partition_count(sc, num_partitions)
+        num_partitions = partition_count(spark.sparkContext, num_partitions)
         if batch_size < num_partitions:
             raise ValueError(
                 f"batch_size {batch_size} is smaller than num_partitions {num_partitions}: "
@@ -126,21 +124,21 @@ class DistriTrainer:
         self.model = model
         self.batch_size = batch_size
         self.seed = int(seed)
-        rdd, sources = training_rdd(
-            training_set, sc, num_partitions, feature_cols, label_col, feature_shape
+        _, self.data, self.plan = prepare_training(
+            training_set,
+            batch_size,
+            num_partitions=num_partitions,
+            feature_cols=feature_cols,
+            label_col=label_col,
+            feature_shape=feature_shape,
+            seed=seed,
+            shuffle=shuffle,
+            spark=spark,
         )
-        self.data = PartitionedData(sc, rdd, num_partitions, sources=sources)
-        try:
-            self.plan = PartitionedBatchPlan(
-                self.data.sizes, batch_size, seed=seed, shuffle=shuffle
-            )
-        except ValueError:
-            self.data.close()
-            raise
-        # The driver's copy of every parameter, by name: the source of frozen weights.
+        # The driver's copy of every parameter, by name (in the model's dtype): the source
+        # of frozen weights.
         self.values = {
-            name: np.array(parameter.numpy(), dtype=np.float32)
-            for name, parameter in model.named_parameters()
+            name: np.array(parameter.numpy()) for name, parameter in model.named_parameters()
         }
         self.buffers: dict[str, np.ndarray] = {}
         self.steps: dict[str, _Step] = {}
@@ -178,7 +176,7 @@ class DistriTrainer:
         names = [prefix + local for local, _ in module.named_parameters()]
         if not names:
             raise ValueError(f"step {name!r}: submodule {trainable!r} has no parameters")
-        spec = tasks.RunSpec(
+        spec = RunSpec(
             run_id=f"{name}-{uuid.uuid4().hex[:12]}",
             model=self.model,
             criterion=None,
@@ -193,6 +191,7 @@ class DistriTrainer:
             trainable=trainable,
             training_step=training_step,
             stream=zlib.crc32(name.encode()),
+            mode=resolve_mode("sharded"),
         )
         self.steps[name] = _Step(name, spec, names, self.values)
         return self
@@ -221,15 +220,10 @@ class DistriTrainer:
                 initial = {"iteration": step.iterations, "shards": step.resume_shards}
             step.run = SparkTrainingRun(self.data, step.spec, weights, initial)
             step.resume_shards = None
-        plan_iteration = epoch * self.batches_per_epoch + batch
-        local_indices = [
-            self.plan.local_indices(partition, plan_iteration)
-            for partition in range(self.num_partitions)
-        ]
-        result = step.run.run_iteration(
+        (result,) = step.run.run_chain(
             step.iterations,
-            local_indices,
-            {"iteration": step.iterations, "epoch": epoch},
+            [self.plan.shares(epoch * self.batches_per_epoch + batch)],
+            [{"iteration": step.iterations, "epoch": epoch}],
             f"bigdl_py step {name} {step.iterations + 1}",
             frozen_weights=self._frozen_weights(step),
         )

@@ -23,7 +23,7 @@ from blob_data import (
 
 from bigdl_py import nn
 from bigdl_py.optim import SGD, Adam, DistriOptimizer
-from bigdl_py.spark import distri_optimizer_tasks as tasks
+from bigdl_py.spark.owner_update import ShardStateStore
 from bigdl_py.train import (
     EveryEpoch,
     LocalOptimizer,
@@ -224,7 +224,7 @@ def test_bad_chain_settings_fail_before_any_job(spark):
 
 
 def test_state_files_are_kept_from_a_chains_start(tmp_path):
-    store = tasks.ShardStateStore(str(tmp_path), 0)
+    store = ShardStateStore(str(tmp_path), 0)
     for iteration in range(6):
         store.save(iteration, {"step": np.int64(iteration)}, retain_from=1)
     assert [store.load(i) is not None for i in range(6)] == [False] + [True] * 5

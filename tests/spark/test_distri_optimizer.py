@@ -14,7 +14,7 @@ from blob_data import BATCH, CLASSES, FEATURES, blobs, classifier, flat, relativ
 from bigdl_py import nn
 from bigdl_py.data import MiniBatch, Sample
 from bigdl_py.optim import SGD, Adam, DistriOptimizer, Optimizer
-from bigdl_py.spark.distri_optimizer_run import DistributedTrainingError
+from bigdl_py.spark import DistributedTrainingError
 from bigdl_py.train import (
     EveryEpoch,
     LocalOptimizer,

@@ -24,8 +24,7 @@ from bigdl_py.autograd import Tensor
 from bigdl_py.data.sample import split_bounds
 from bigdl_py.models.gan import discriminator_step, generator_step, mlp_gan
 from bigdl_py.optim import SGD, Adam
-from bigdl_py.spark.distri_optimizer_tasks import StepBatch
-from bigdl_py.spark.distri_trainer import DistriTrainer
+from bigdl_py.spark.distri_trainer import DistriTrainer, StepBatch
 
 pytestmark = pytest.mark.spark
 

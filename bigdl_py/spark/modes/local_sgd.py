@@ -1,0 +1,298 @@
+"""``LocalSGD(period=k, warmup_iterations=w)``: post-local SGD, periodic model averaging.
+
+Lin et al., "Don't Use Large Mini-Batches, Use Local SGD" (ICLR 2020); PyTorch offers it as
+``PostLocalSGDOptimizer`` with a ``PeriodicModelAverager``. The first ``w`` iterations are
+exact synchronous SGD (the replicated update: one stage per iteration). After them, each
+*round* of ``k`` iterations is ONE Spark stage: partition ``j`` steps its own replica
+``k`` times on its own share of each global batch, with its own optimizer state, without any
+shuffle; then every partition sends its weights and running statistics to every partition
+(one shuffle) and each one averages them, weighted by its share of the global batch, before
+the next round. Spark's fixed cost of a stage is paid once per ``k`` iterations instead of
+once per iteration.
+
+What the mathematics is:
+
+* **The local step.** Partition ``j``'s gradient is that of the mean loss of its share
+  ``b_j`` (not of ``b_j / B`` of it, as in the exact modes): each replica is plain SGD on
+  its own mini-batch of ``b_j`` samples. The average weighs replica ``j`` by ``b_j / B``.
+  For an update that is linear in the gradient (SGD, with or without momentum and weight
+  decay) ``period=1`` therefore gives exactly the synchronous weights; for Adam and other
+  non-linear rules it gives something close but not equal.
+* **Clipping** (constant or by L2 norm) applies to each partition's own gradient.
+* **The optimizer state stays per partition** and is never averaged (PyTorch's
+  ``PostLocalSGDOptimizer`` does the same): momentum or Adam moments describe the
+  trajectory of the replica that built them, and averaging them would cost another
+  all-reduce of the state's size (two or three times the weights') every round for no
+  measured gain. During warm-up every partition holds the same state (the replicated
+  update's); after it the states drift apart. Checkpoints keep every partition's whole
+  state, so a resume continues each one exactly; resuming with another partition count (or
+  in an exact mode) averages them into one.
+* **The learning-rate schedule** is the driver's, as in every mode: every partition steps
+  its schedule with the global iteration number, epoch and validation metric, so the
+  schedule advances once per iteration, not once per round.
+* **Where the model is averaged.** After every ``k``-th iteration from the end of warm-up,
+  and wherever the driver needs one model before a round ends — at the end of an epoch,
+  where validation or a checkpoint fires, at the end of training. Checkpoints are
+  therefore always taken at averaging boundaries. Pick ``k`` dividing the iterations per
+  epoch (and the validation/checkpoint intervals) to average strictly every ``k``.
+* **A non-finite loss** on a partition leaves that replica as it was for that iteration
+  (its schedule advances); with ``skip_nonfinite_batches=False`` that partition then stops
+  for the rest of the job and training stops at the round's end with the averaged weights.
+"""
+
+from __future__ import annotations
+
+import numbers
+import time
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from bigdl_py.spark import collectives, owner_update, worker
+from bigdl_py.spark.modes import TrainingMode, whole_state
+from bigdl_py.spark.modes.replicated import exact_update, one_stage_per_iteration
+from bigdl_py.spark.partitioned_data import drain
+from bigdl_py.spark.replica import Replica, replica_gradient
+
+
+class LocalSGD(TrainingMode):
+    """Post-local SGD: ``warmup_iterations`` synchronous, then model averaging every ``period``.
+
+    Parameters
+    ----------
+    period : int
+        Iterations each partition trains on its own between two averagings (``k`` >= 1).
+    warmup_iterations : int
+        Iterations of exact synchronous SGD first (``w`` >= 0).
+
+    Raises
+    ------
+    ValueError
+        If ``period`` is not a positive integer or ``warmup_iterations`` a non-negative one.
+
+    Examples
+    --------
+    >>> from bigdl_py.spark import DistriOptimizer, LocalSGD
+    >>> optimizer = DistriOptimizer(model, data, nn.NLLLoss(), SGD(lr=0.05, momentum=0.9),
+    ...                             batch_size=128, end_trigger=MaxEpoch(3),
+    ...                             update=LocalSGD(period=8, warmup_iterations=100))
+    """
+
+    name = "local-sgd"
+    # The whole state on every partition, as the replicated update keeps it: warm-up's state
+    # continues into the local rounds.
+    state_name = "replicated"
+
+    def __init__(self, period: int = 8, warmup_iterations: int = 0):
+        if isinstance(period, bool) or not isinstance(period, numbers.Integral) or period < 1:
+            raise ValueError(f"LocalSGD: period must be a positive integer, got {period!r}")
+        if (
+            isinstance(warmup_iterations, bool)
+            or not isinstance(warmup_iterations, numbers.Integral)
+            or warmup_iterations < 0
+        ):
+            raise ValueError(
+                "LocalSGD: warmup_iterations must be a non-negative integer, got "
+                f"{warmup_iterations!r}"
+            )
+        self.period = int(period)
+        self.warmup_iterations = int(warmup_iterations)
+        self._warmup_per_job = 1
+
+    def __repr__(self) -> str:
+        return f"LocalSGD(period={self.period}, warmup_iterations={self.warmup_iterations})"
+
+    # --- the driver's side ------------------------------------------------------------
+    def iterations_per_call(self, requested: int, spec: Any) -> int:
+        # Warm-up chains as the replicated update does; a local job holds whole rounds (a
+        # round is one stage whatever its length, so a job of one round needs no shared disk).
+        self._warmup_per_job = requested
+        return max(requested, self.period * max(1, requested // self.period))
+
+    def steps_to_run(self, first: int, count: int) -> int:
+        if first < self.warmup_iterations:  # warm-up and local rounds never share a job
+            return min(count, self._warmup_per_job, self.warmup_iterations - first)
+        return count
+
+    def build_chain(self, chain):
+        if chain.first < self.warmup_iterations:
+            return one_stage_per_iteration(chain, exact_update)
+        rounds = self.rounds(chain.first, chain.count)
+        fractions = _share_fractions([len(share) for share in chain.shares[0]])
+        rdd = chain.data_rdd
+        for index in range(len(rounds) + 1):
+            rdd = rdd.mapPartitionsWithIndex(_round_stage(chain, rounds, index, fractions))
+            if index < len(rounds):
+                rdd = rdd.partitionBy(chain.num_partitions, collectives.owner_partition)
+        return rdd
+
+    def rounds(self, first: int, count: int) -> list[tuple[int, int]]:
+        """The chain's rounds as ``(start, stop)`` steps: each ends after an iteration ``t``
+        with ``(t + 1 - warmup_iterations) % period == 0``, or at the chain's end."""
+        rounds, start = [], 0
+        for step in range(count):
+            iteration = first + step
+            if (iteration + 1 - self.warmup_iterations) % self.period == 0 or step == count - 1:
+                rounds.append((start, step + 1))
+                start = step + 1
+        return rounds
+
+    def resume_states(self, shards, flat_size, count):
+        whole = [_is_whole(shard, flat_size) for shard in shards]
+        if len(shards) == count and all(whole):
+            return [dict(shard) for shard in shards]  # every partition's own state
+        return [whole_state(shards, flat_size) for _ in range(count)]
+
+    # --- the executors' side ------------------------------------------------------------
+    def initial_state(self, shards, partition, flat_size):
+        return dict(shards[partition])
+
+    def checkpoint_state(self, state, partition, bounds):
+        return state  # the whole state of each partition: they differ after warm-up
+
+    def __deepcopy__(self, memo):
+        clone = LocalSGD(self.period, self.warmup_iterations)
+        clone._warmup_per_job = self._warmup_per_job
+        return clone
+
+
+def _is_whole(state: dict, flat_size: int) -> bool:
+    arrays = [v for v in state.values() if isinstance(v, np.ndarray) and v.ndim == 1]
+    return bool(arrays) and all(array.size == flat_size for array in arrays)
+
+
+def _share_fractions(share_sizes: list[int]) -> list[float]:
+    """Each partition's weight in the average: its share of the global batch."""
+    total = sum(share_sizes)
+    return [size / total for size in share_sizes]
+
+
+class _RoundRecord(NamedTuple):
+    """What a partition sends every partition at the end of a local round."""
+
+    piece: collectives.Piece  # its weights x its share fraction
+    buffers: dict | None  # its running statistics x its share fraction
+    losses: list  # (loss_sum, samples, forward-backward s, update s) per iteration
+    halted: bool
+    history: list | None  # the chain's finished iterations, from partition 0 to 0 only
+    clock: tuple[float, float]
+
+
+def _average(partition: int, rows: list, count: int):
+    """Average the weights and buffers of every partition's record; merge the losses."""
+    records = sorted((record for _, record in rows), key=lambda record: record.piece.rank)
+    _, weights = collectives.combine_owned_pieces(
+        partition, (record.piece for record in records), count, "sum", "LocalSGD average"
+    )
+    buffers = None
+    if records[0].buffers:
+        buffers = {
+            name: collectives.combine([record.buffers[name] for record in records], "sum")
+            for name in records[0].buffers
+        }
+    history = next((record.history for record in records if record.history is not None), None)
+    if history is not None:
+        for position in range(len(records[0].losses)):
+            losses = [record.losses[position] for record in records]
+            history = history + [
+                {
+                    "loss_sum": float(sum(loss[0] for loss in losses)),
+                    "count": int(sum(loss[1] for loss in losses)),
+                    "forward_backward": max(loss[2] for loss in losses),
+                    "update": max(loss[3] for loss in losses),
+                }
+            ]
+    halted = any(record.halted for record in records)
+    clock = (min(r.clock[0] for r in records), max(r.clock[1] for r in records))
+    return weights, buffers, halted, history, clock
+
+
+def _round_stage(chain, rounds: list, index: int, fractions: list[float]):
+    """Stage ``index``: average the previous round's replicas (when index > 0), then train
+    round ``index`` locally (when index < len(rounds)) and send the result to everyone."""
+    num_partitions, bounds, first = chain.num_partitions, chain.bounds, chain.first
+    load_spec, handles, get_frozen = chain.load_spec, chain.handles, chain.get_frozen
+    driver_weights = chain.get_weights if index == 0 else None
+    resumed_states = chain.initial_states if index == 0 else None
+    steps = range(*rounds[index]) if index < len(rounds) else range(0)
+    shares = [chain.shares[step] for step in steps]
+    schedules = [chain.schedules[step] for step in steps]
+    stop_after_nonfinite, retain_from = chain.stop_after_nonfinite, chain.retain_from
+    final = index == len(rounds)
+
+    def task(partition, rows):
+        entered = time.time()
+        spec = load_spec()
+        rows = drain(rows)
+        if index == 0:
+            (handle,) = rows
+            weights, buffers, halted, history = driver_weights(), None, False, []
+        else:
+            handle = handles[partition]
+            weights, buffers, halted, history, clock = _average(partition, rows, num_partitions)
+            if final:  # slice j of the averaged weights to the driver
+                start, stop = bounds[partition]
+                timings = {
+                    "fb_entered": clock[0],
+                    "fb_left": clock[1],
+                    "update_entered": entered,
+                    "update_left": time.time(),
+                }
+                yield partition, weights[start:stop], history, buffers, timings
+                return
+        replica = worker.fetch(spec.run_id, ("replica", partition), lambda: Replica(spec, handle))
+        if buffers:
+            replica.load_buffers(buffers)
+        losses = []
+        for step, iteration in enumerate(first + s for s in steps):
+            if halted:
+                losses.append((0.0, 0, 0.0, 0.0))
+                continue
+            share = shares[step][partition]
+            gradient, report = replica_gradient(
+                spec,
+                partition,
+                handle,
+                weights,
+                False,
+                share,
+                iteration,
+                False,
+                entered,
+                get_frozen(),
+                batch_size=max(len(share), 1),
+            )
+            update_started = time.perf_counter()
+            owner_update.clip_summed_slice(spec, gradient)
+            weights = owner_update.update_owned(
+                spec,
+                partition,
+                iteration,
+                resumed_states,
+                weights,
+                0,
+                gradient,
+                report.loss_sum,
+                schedules[step],
+                owner_update.global_norm_scale(spec, gradient),
+                retain_from=retain_from,
+            )
+            seconds = time.perf_counter() - update_started
+            losses.append((report.loss_sum, report.samples, report.seconds, seconds))
+            halted = stop_after_nonfinite and not np.isfinite(report.loss_sum)
+        fraction = fractions[partition]
+        piece = collectives.whole_piece(partition, weights * weights.dtype.type(fraction))
+        own_buffers = None
+        if replica.buffer_names:
+            own_buffers = {name: value * fraction for name, value in replica.buffers().items()}
+        clock = (entered, time.time())
+        for destination in range(num_partitions):
+            to_zero = destination == 0 and partition == 0
+            yield (
+                destination,
+                _RoundRecord(
+                    piece, own_buffers, losses, halted, history if to_zero else None, clock
+                ),
+            )
+
+    return task

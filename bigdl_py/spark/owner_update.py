@@ -1,0 +1,205 @@
+"""The owner's side of an iteration: BigDL's *aggregateGradientPartition* and the update.
+
+Owner ``k`` sums slice ``k`` of every replica's gradient, clips it, and steps weight slice
+``k`` with the OptimMethod state it alone keeps (sharded N ways: :class:`ShardStateStore` on
+the host's disk and the Python worker's cache). A mode that keeps the whole state on every
+partition (replicated, local SGD) uses the same functions with the whole vector as the slice.
+"""
+
+from __future__ import annotations
+
+import copy
+import glob
+import os
+from typing import Any
+
+import numpy as np
+
+from bigdl_py import backend
+from bigdl_py.spark import worker
+from bigdl_py.spark.partitioned_data import run_directory
+from bigdl_py.spark.replica import RunSpec
+
+
+class ShardStateStore:
+    """Optimizer state of one shard, one file per completed iteration, on the host's disk.
+
+    Iteration ``t`` reads the state after ``t - 1`` and writes the state after ``t`` to a
+    new file (atomically), deleting those before ``t - 1``. A retried task of iteration
+    ``t`` therefore finds ``t - 1`` intact, and any Python worker on the host can pick up a
+    shard another worker updated last.
+    """
+
+    def __init__(self, directory: str, shard: int | str):
+        self.directory = directory
+        self.shard = shard
+
+    def path(self, iteration: int) -> str:
+        return os.path.join(self.directory, f"optim-{self.shard}-after-{iteration}.npz")
+
+    def save(self, iteration: int, state: dict, retain_from: int | None = None) -> None:
+        arrays = {key: np.asarray(backend.as_numpy(value)) for key, value in state.items()}
+        temporary = self.path(iteration) + f".tmp-{os.getpid()}.npz"
+        with open(temporary, "wb") as handle:
+            np.savez(handle, **arrays)
+        os.replace(temporary, self.path(iteration))
+        for old in glob.glob(os.path.join(self.directory, f"optim-{self.shard}-after-*.npz")):
+            done = int(old.rsplit("-", 1)[1].split(".")[0])
+            if done < min(iteration - 1, iteration if retain_from is None else retain_from):
+                _remove_quietly(old)
+
+    def load(self, iteration: int) -> dict | None:
+        try:
+            with np.load(self.path(iteration), allow_pickle=False) as stored:
+                return {key: _scalar_or_array(stored[key]) for key in stored.files}
+        except FileNotFoundError:
+            return None
+
+
+def _scalar_or_array(value: np.ndarray):
+    return value.item() if value.ndim == 0 else value
+
+
+def _remove_quietly(path: str) -> None:
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass
+
+
+def state_key(spec: RunSpec, shard: int) -> tuple:
+    """The worker-cache key of partition ``shard``'s optimizer state in this run's mode."""
+    return (spec.mode.state_name, shard)
+
+
+def _state_store(spec: RunSpec, shard: int) -> ShardStateStore:
+    name = f"{spec.mode.state_name}-{shard}"
+    return ShardStateStore(run_directory(spec.state_dir, spec.run_id), name)
+
+
+def owned_shard(spec: RunSpec, shard: int, iteration: int, initial_states: dict | None):
+    """Shard ``shard``'s OptimMethod with its state after iteration ``iteration - 1``.
+
+    Looked up in this worker's cache first, then in the host's state file, then (for the
+    first iteration of a run or of a resume) in ``initial_states`` (as the run's mode reads a
+    checkpoint's shards: ``spec.mode.initial_state``) or fresh.
+    """
+    key = state_key(spec, shard)
+    method = worker.lookup(spec.run_id, key, version=iteration - 1)
+    if method is not None:
+        # The caller is about to change it: until keep_shard records the new state, nobody
+        # may take this object for the state after ``iteration - 1`` (a retry would).
+        worker.store(spec.run_id, key, method, version=("updating", iteration))
+        return method
+    store = _state_store(spec, shard)
+    method = copy.deepcopy(spec.optim_method)
+    stored = store.load(iteration - 1)
+    if stored is not None:
+        method.load_state_dict(stored)
+    elif initial_states is not None and initial_states.get("iteration") == iteration:
+        shards = initial_states["shards"]
+        method.load_state_dict(spec.mode.initial_state(shards, shard, spec.flat_size))
+    elif iteration != (initial_states or {}).get("iteration", 0):
+        raise RuntimeError(
+            f"optimizer state of shard {shard} after iteration {iteration - 1} is not on host "
+            f"{os.uname().nodename} (looked in {store.directory}); the task that owns it ran "
+            "on another host. Set BIGDL_PY_STATE_DIR to a directory shared by the executors, "
+            "or resume from the last checkpoint"
+        )
+    worker.store(spec.run_id, key, method, version=("updating", iteration))
+    return method
+
+
+def keep_shard(
+    spec: RunSpec, shard: int, method: Any, iteration: int, retain_from: int | None = None
+) -> None:
+    """Record that ``method`` now holds the state after ``iteration``: in this worker's cache
+    and in the host's state file (for other workers and retries).
+
+    The files of earlier iterations are deleted, except those from ``retain_from`` on: a job
+    that chains several iterations keeps every state since its start, because Spark may
+    recompute any of its stages after losing an executor.
+    """
+    worker.store(spec.run_id, state_key(spec, shard), method, version=iteration)
+    _state_store(spec, shard).save(iteration, method.state_dict(), retain_from)
+
+
+def clip_summed_slice(spec: RunSpec, summed: np.ndarray) -> np.ndarray:
+    """Constant clipping, in place, as the local loop applies it (before the L2 norm)."""
+    if spec.constant_clipping is not None:
+        spec.constant_clipping.clip_(summed)
+    return summed
+
+
+def global_norm_scale(spec: RunSpec, summed: np.ndarray) -> float:
+    """The L2-norm clipping factor of a whole summed gradient (1.0 without that clipping)."""
+    if spec.l2_clipping is None:
+        return 1.0
+    return spec.l2_clipping.scale_for(float(spec.l2_clipping.sum_of_squares(summed)))
+
+
+def update_owned_slice(
+    method: Any,
+    weight_slice: np.ndarray,
+    gradient_slice: np.ndarray,
+    start: int,
+    schedule: dict,
+    l2_scale: float = 1.0,
+) -> np.ndarray:
+    """Scale (global-norm clipping) and step a slice; returns the updated slice (a new array
+    of the weights' dtype: float32 or float64 models alike).
+
+    ``schedule`` holds the driver's ``iteration`` and ``epoch`` and, after an epoch with a
+    validation score, its ``metric``: the shard's schedule takes the same steps as the
+    driver's, so its learning rate is the one the local loop would use.
+    """
+    follow_schedule_only(method, schedule)
+    weight = np.array(weight_slice, copy=True)
+    gradient_slice = np.asarray(gradient_slice, dtype=weight.dtype)
+    if l2_scale != 1.0:
+        gradient_slice = gradient_slice * weight.dtype.type(l2_scale)
+    method.step_slice(weight, gradient_slice, start)
+    return weight
+
+
+def follow_schedule_only(method: Any, schedule: dict) -> None:
+    """A skipped (non-finite) iteration: the schedule advances, weights and state do not."""
+    method.schedule_step(
+        iteration=schedule["iteration"], epoch=schedule["epoch"], metric=schedule.get("metric")
+    )
+
+
+def update_owned(
+    spec: RunSpec,
+    owner: int,
+    iteration: int,
+    initial_states: dict | None,
+    weight_slice: np.ndarray,
+    start: int,
+    summed: np.ndarray,
+    loss_sum: float,
+    schedule: dict,
+    l2_scale: float = 1.0,
+    *,
+    retain_from: int | None = None,
+    halted: bool = False,
+) -> np.ndarray:
+    """Owner ``owner``'s step of iteration ``iteration`` on ``weight_slice`` (which starts at
+    flat offset ``start``; the whole vector, at 0, where the mode keeps whole states): its
+    updated weights. BigDL's "update the owned slice".
+
+    A non-finite loss (or clipping scale) leaves the slice and the optimizer state as they
+    were and only advances the schedule: the driver decides what to do about it. A
+    ``halted`` chain (stopped by an earlier non-finite loss) changes nothing at all. The
+    state is recorded under ``iteration`` in every case, for the next step to find.
+    """
+    method = owned_shard(spec, owner, iteration, initial_states)
+    if halted:
+        new_slice = np.array(weight_slice)
+    elif np.isfinite(loss_sum) and np.isfinite(l2_scale):
+        new_slice = update_owned_slice(method, weight_slice, summed, start, schedule, l2_scale)
+    else:
+        follow_schedule_only(method, schedule)
+        new_slice = np.array(weight_slice)
+    keep_shard(spec, owner, method, iteration, retain_from)
+    return new_slice

@@ -1,0 +1,358 @@
+"""The training data on the executors: cut into partitions, written once to each host's disk.
+
+:class:`PartitionedData` is what every Spark training run (``DistriOptimizer``,
+``DistriTrainer``) reads: the training data split into ``num_partitions`` partitions, each
+stacked into arrays and saved as ``.npy`` files on the host that holds it, behind a cached RDD
+of small handles (one per partition). A replica memory-maps its partition's files; a chained
+stage, which reads a shuffle instead of the cached handles, finds them through the handle.
+
+:func:`prepare_training` is the set-up both trainers share: the input (RDD, DataFrame or
+arrays) as an RDD, the partitions cached, and the batch plan over their sizes.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import uuid
+from typing import Any
+
+import numpy as np
+
+from bigdl_py.data import ArrayDataset, MiniBatch
+from bigdl_py.data.sample import Sample, split_bounds
+from bigdl_py.spark import worker
+from bigdl_py.spark.batch_plan import PartitionedBatchPlan
+from bigdl_py.spark.session import job_description
+
+
+class DistributedTrainingError(RuntimeError):
+    """A Spark job of the run failed; the message is the Python error a task raised."""
+
+
+def drain(rows) -> list:
+    """Read a task's input to its end, returning it.
+
+    A PySpark task that leaves input unread makes its Python worker exit instead of going
+    back to the pool (worker.py cannot reuse a half-read stream): the next task then forks a
+    fresh worker that re-imports everything and finds the worker cache empty — seconds per
+    iteration. Every task here reads its input fully for that reason.
+    """
+    return list(rows)
+
+
+def python_error_text(error: Exception) -> str:
+    """The last Python exception line inside a Py4J/Spark error, or the first line."""
+    text = str(error)
+    python_lines = [
+        line.strip()
+        for line in text.splitlines()
+        if line.strip().split(":", 1)[0].endswith(("Error", "Exception"))
+        and not line.strip().startswith(("org.", "java.", "py4j", "Caused by", "scala."))
+    ]
+    return python_lines[-1] if python_lines else text.strip().splitlines()[0]
+
+
+def run_directory(state_dir: str, run_id: str) -> str:
+    """This run's directory on the host (data files, optimizer state files)."""
+    path = os.path.join(state_dir, f"bigdl_py-run-{run_id}")
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+def default_state_dir() -> str:
+    # Not ".../bigdl_py": a directory of the package's own name in the temp directory would
+    # shadow the package (as a namespace package) for anyone whose working directory it is.
+    default = os.path.join(tempfile.gettempdir(), "bigdl_py-state")
+    return os.environ.get("BIGDL_PY_STATE_DIR") or default
+
+
+def save_npy_atomically(path: str, array: np.ndarray) -> None:
+    temporary = f"{path}.tmp-{os.getpid()}"
+    with open(temporary, "wb") as handle:
+        np.save(handle, array, allow_pickle=False)
+    os.replace(temporary, path)
+
+
+# --- a partition's training data on its host --------------------------------------------------
+def write_partition_data(
+    directory: str, partition: int, features: tuple, labels: np.ndarray
+) -> dict:
+    """Save one partition's arrays as .npy files (memory-mapped on read); returns a handle.
+
+    The cached RDD then holds only this small handle: reading it each iteration unpickles a
+    few hundred bytes instead of the partition's data.
+    """
+    paths = []
+    for position, array in enumerate(features):
+        path = os.path.join(directory, f"data-{partition}-x{position}.npy")
+        save_npy_atomically(path, np.ascontiguousarray(array))
+        paths.append(path)
+    label_path = os.path.join(directory, f"data-{partition}-y.npy")
+    save_npy_atomically(label_path, np.ascontiguousarray(labels))
+    return {
+        "partition": partition,
+        "size": int(len(labels)),
+        "feature_paths": paths,
+        "label_path": label_path,
+        "host": os.uname().nodename,
+    }
+
+
+def load_partition_data(handle: dict) -> tuple[tuple, np.ndarray]:
+    """Memory-map a partition's arrays; a clear error if this host does not have them."""
+    try:
+        features = tuple(
+            np.load(path, mmap_mode="r", allow_pickle=False) for path in handle["feature_paths"]
+        )
+        labels = np.load(handle["label_path"], mmap_mode="r", allow_pickle=False)
+    except FileNotFoundError as error:
+        raise RuntimeError(
+            f"training data of partition {handle['partition']} was written on host "
+            f"{handle['host']} but is not on {os.uname().nodename} ({error.filename}); the "
+            "task ran away from its cached data. Set BIGDL_PY_STATE_DIR to a directory shared "
+            "by the executors, or keep spark.locality.wait above 0"
+        ) from None
+    return features, labels
+
+
+def is_rdd(data: Any) -> bool:
+    """Whether ``data`` is a PySpark RDD (without importing pyspark)."""
+    return any(
+        cls.__module__.startswith("pyspark") and cls.__name__ == "RDD" for cls in type(data).__mro__
+    )
+
+
+def is_dataframe(data: Any) -> bool:
+    """Whether ``data`` is a Spark DataFrame (without importing pyspark)."""
+    return any(
+        cls.__module__.startswith("pyspark.sql") and cls.__name__ == "DataFrame"
+        for cls in type(data).__mro__
+    )
+
+
+def training_rdd(
+    data, sc, num_partitions, feature_cols="features", label_col="label", feature_shape=None
+):
+    """The training data as an RDD, and the broadcasts it reads (to destroy at the end).
+
+    RDDs come as they are, DataFrames are read through Arrow into one MiniBatch per
+    partition, and arrays are cut into ``num_partitions`` contiguous blocks, each shipped
+    as a broadcast of its own behind a one-partition RDD. (``sc.parallelize(blocks)`` would
+    keep each block inside its partition object, and Spark serialises that object into
+    every task that reads the cached data: the whole block, every iteration.)
+    """
+    if is_rdd(data):
+        return data, []
+    if is_dataframe(data):
+        from bigdl_py.spark.dataframe import dataframe_to_partition_arrays
+
+        if data.rdd.getNumPartitions() != num_partitions:
+            # Rows, not whole partition blocks, must be spread over the partitions.
+            data = data.repartition(num_partitions)
+
+        blocks = dataframe_to_partition_arrays(data, feature_cols, label_col, feature_shape)
+        return blocks.map(lambda block: MiniBatch(block[0], block[1])), []
+    if isinstance(data, tuple) and len(data) == 2:
+        data = ArrayDataset(data[0], data[1])
+    if isinstance(data, ArrayDataset):
+        features, labels = data.features, data.labels
+        size = len(data)
+        if size < num_partitions:
+            raise ValueError(
+                f"the training data has {size} samples, fewer than the {num_partitions} "
+                "partitions; use fewer partitions (num_partitions=)"
+            )
+        blocks = [
+            MiniBatch(tuple(np.asarray(f[start:stop]) for f in features), labels[start:stop])
+            for start, stop in split_bounds(size, num_partitions)
+        ]
+        broadcasts = [sc.broadcast(block) for block in blocks]
+        parts = [sc.parallelize([0], 1).map(lambda _, b=b: b.value) for b in broadcasts]
+        return sc.union(parts), broadcasts
+    raise TypeError(
+        "training_set must be a PySpark RDD (of Samples, (features, label) pairs or "
+        "MiniBatches), a DataFrame, an ArrayDataset or (features, labels) arrays; got "
+        f"{type(data).__name__}"
+    )
+
+
+def stack_partition(partition: int, rows) -> tuple[tuple, np.ndarray]:
+    """Stack a partition's Samples, (features, label) pairs or MiniBatches into arrays."""
+    feature_blocks: list[list[np.ndarray]] = []
+    label_blocks: list[np.ndarray] = []
+    pending: list[Sample] = []
+
+    def flush():
+        if pending:
+            batch = MiniBatch.from_samples(pending)
+            feature_blocks.append(list(batch.features))
+            label_blocks.append(np.asarray(batch.labels))
+            pending.clear()
+
+    for row in rows:
+        if isinstance(row, MiniBatch):
+            flush()
+            if row.labels is None:
+                raise ValueError(f"partition {partition}: a training MiniBatch has no labels")
+            feature_blocks.append(list(row.features))
+            label_blocks.append(np.asarray(row.labels))
+        elif isinstance(row, Sample):
+            pending.append(row)
+        elif isinstance(row, tuple) and len(row) == 2:
+            pending.append(Sample(row[0], row[1]))
+        else:
+            raise TypeError(
+                f"partition {partition}: training data rows must be Samples, (features, label) "
+                f"pairs or MiniBatches, got {type(row).__name__}"
+            )
+    flush()
+    if not feature_blocks:
+        return (), np.zeros(0, dtype=np.int64)
+    shapes = {tuple(tuple(a.shape[1:]) for a in block) for block in feature_blocks}
+    if len(shapes) > 1:
+        raise ValueError(
+            f"partition {partition}: samples have different feature shapes {sorted(shapes)}"
+        )
+    features = tuple(
+        np.concatenate([block[i] for block in feature_blocks])
+        for i in range(len(feature_blocks[0]))
+    )
+    labels = np.concatenate(label_blocks)
+    for position, array in enumerate(features):
+        if np.issubdtype(array.dtype, np.floating):
+            finite = np.isfinite(array.reshape(len(array), -1)).all(axis=1)
+            if not finite.all():
+                bad = int(np.flatnonzero(~finite)[0])
+                raise ValueError(
+                    f"partition {partition}: feature array {position} of sample {bad} (within "
+                    "the partition) holds NaN or Inf"
+                )
+    return features, labels
+
+
+class PartitionedData:
+    """The training data split into ``num_partitions`` partitions, written once to each
+    executor's disk, with a cached RDD of small handles (one per partition).
+
+    Raises
+    ------
+    ValueError
+        On the driver, naming the partitions: empty partitions, fewer samples than
+        partitions, NaN/Inf features, ragged shapes.
+    """
+
+    def __init__(
+        self, sc, rdd, num_partitions: int, state_dir: str | None = None, sources: list = ()
+    ):
+        self.sc = sc
+        # Broadcasts ``rdd`` reads from: kept while the data lives (an executor lost later
+        # rebuilds its partitions from them), destroyed by close().
+        self.sources = list(sources)
+        self.num_partitions = int(num_partitions)
+        self.data_id = "data-" + uuid.uuid4().hex[:12]
+        self.state_dir = state_dir or default_state_dir()
+        if rdd.getNumPartitions() != self.num_partitions:
+            rdd = rdd.repartition(self.num_partitions)
+        data_id, state_dir = self.data_id, self.state_dir
+
+        def write(partition, rows):
+            features, labels = stack_partition(partition, rows)
+            directory = run_directory(state_dir, data_id)
+            yield write_partition_data(directory, partition, features, labels)
+
+        self.handles = rdd.mapPartitionsWithIndex(write).cache()
+        try:
+            with job_description(sc, "bigdl_py: cache the training data on the executors"):
+                infos = sorted(self.handles.collect(), key=lambda handle: handle["partition"])
+        except Exception as error:
+            self.close()
+            raise ValueError(
+                f"preparing the training data failed: {python_error_text(error)}"
+            ) from None
+        self.sizes = [info["size"] for info in infos]
+        # One small dict per partition (where its arrays lie): a chained iteration's
+        # forward-backward stage reads a shuffle, not the cached handles, and finds its data
+        # through these.
+        self.partition_handles = infos
+        total = sum(self.sizes)
+        if total < self.num_partitions:
+            self.close()
+            raise ValueError(
+                f"the training data has {total} samples, fewer than the {self.num_partitions} "
+                "partitions; use fewer partitions (num_partitions=)"
+            )
+        empty = [partition for partition, size in enumerate(self.sizes) if size == 0]
+        if empty:
+            self.close()
+            raise ValueError(
+                f"partitions {empty} of the training data are empty after splitting it into "
+                f"{self.num_partitions} partitions; repartition the data so none is empty"
+            )
+
+    def close(self) -> None:
+        """Unpersist the handles and delete the data files on every executor and here."""
+        self.handles.unpersist()
+        remove_run_everywhere(self.sc, self.state_dir, self.data_id, self.num_partitions)
+        for broadcast in self.sources:
+            broadcast.destroy()
+        self.sources = []
+
+
+def remove_run_everywhere(sc, state_dir: str, run_id: str, count: int) -> None:
+    """Drop run ``run_id``'s worker caches and delete its files on every executor and here."""
+
+    def clean(_, rows):
+        drain(rows)
+        worker.release_run(run_id)
+        shutil.rmtree(os.path.join(state_dir, f"bigdl_py-run-{run_id}"), ignore_errors=True)
+        yield 0
+
+    try:
+        with job_description(sc, f"bigdl_py: clean up {run_id}"):
+            sc.parallelize(range(count), count).mapPartitionsWithIndex(clean).collect()
+    except Exception:  # clean-up is best effort; a dead executor's files went with it
+        pass
+    finally:
+        shutil.rmtree(os.path.join(state_dir, f"bigdl_py-run-{run_id}"), ignore_errors=True)
+
+
+def prepare_training(
+    training_set: Any,
+    batch_size: int,
+    *,
+    num_partitions: int | None,
+    feature_cols: Any,
+    label_col: str,
+    feature_shape: Any,
+    seed: int,
+    shuffle: bool,
+    spark: Any,
+    check_input: Any = None,
+) -> tuple[Any, PartitionedData, PartitionedBatchPlan]:
+    """The set-up ``DistriOptimizer`` and ``DistriTrainer`` share: ``(sc, data, plan)``.
+
+    The input is read into an RDD (:func:`training_rdd`), cut into ``num_partitions``
+    partitions (default: the cluster's task slots) and cached on the executors, and the
+    batch plan laid over the partitions' sizes. ``check_input(data, sc, num_partitions)``,
+    when given, checks (and may convert) the input first. On a bad input nothing stays
+    cached.
+    """
+    from bigdl_py.spark.session import get_spark, partition_count
+
+    spark = spark or get_spark()
+    sc = spark.sparkContext
+    num_partitions = partition_count(sc, num_partitions)
+    if check_input is not None:
+        training_set = check_input(training_set, sc, num_partitions)
+    rdd, sources = training_rdd(
+        training_set, sc, num_partitions, feature_cols, label_col, feature_shape
+    )
+    data = PartitionedData(sc, rdd, num_partitions, sources=sources)
+    try:
+        plan = PartitionedBatchPlan(data.sizes, batch_size, seed=seed, shuffle=shuffle)
+    except ValueError:
+        data.close()
+        raise
+    return sc, data, plan
