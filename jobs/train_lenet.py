@@ -168,7 +168,11 @@ def main(argv=None) -> float:
     optimizer.set_train_summary(TrainSummary(summary_dir, "lenet"))
     optimizer.set_validation_summary(ValidationSummary(summary_dir, "lenet"))
     if arguments.checkpoint_dir:
-        optimizer.set_checkpoint(arguments.checkpoint_dir, EveryEpoch())
+        optimizer.set_checkpoint(
+            arguments.checkpoint_dir,
+            EveryEpoch(),
+            replace_other_runs=arguments.overwrite_checkpoints,
+        )
         if arguments.resume:
             optimizer.resume_from(arguments.checkpoint_dir)
     try:

@@ -64,12 +64,15 @@ class Checkpoint:
     metadata : dict
         The training metadata stored with it.
     arrays : dict of str -> numpy.ndarray
+    run_id : str or None
+        The run that wrote it (None for checkpoints written without one).
     """
 
     path: str
     iteration: int
     metadata: dict
     arrays: dict[str, np.ndarray]
+    run_id: str | None = None
 
 
 # --- writing --------------------------------------------------------------------------------
@@ -80,6 +83,7 @@ def save_checkpoint(
     metadata: dict,
     overwrite: bool = True,
     keep: int = 2,
+    run_id: str | None = None,
 ) -> str:
     """Write one checkpoint into ``directory``; return its manifest path.
 
@@ -99,6 +103,8 @@ def save_checkpoint(
     keep : int
         With ``overwrite``, how many of the newest checkpoints to keep (at least 2, so the
         previous good one survives until the next one is complete).
+    run_id : str, optional
+        The run writing it, stored in the manifest (see :func:`other_run_checkpoints`).
 
     Raises
     ------
@@ -132,6 +138,8 @@ def save_checkpoint(
         "arrays_sha256": _sha256(arrays_path),
         "metadata": metadata,
     }
+    if run_id is not None:
+        manifest["run_id"] = str(run_id)
     manifest["manifest_sha256"] = _manifest_digest(manifest)
     text = json.dumps(manifest, indent=1, allow_nan=False).encode("utf-8")
     atomic_write(manifest_path, lambda file: file.write(text))
@@ -245,6 +253,7 @@ _FIELD_TYPES = {
     "created": (int, float),
     "metadata": dict,
     "manifest_sha256": str,
+    "run_id": str,
 }
 
 
@@ -294,7 +303,42 @@ def read_checkpoint(manifest_path: str | os.PathLike) -> Checkpoint:
         arrays, _ = read_npz(arrays_path)
     except ValueError as error:
         raise CheckpointError(str(error)) from None
-    return Checkpoint(manifest_path, int(manifest["iteration"]), manifest["metadata"], arrays)
+    return Checkpoint(
+        manifest_path,
+        int(manifest["iteration"]),
+        manifest["metadata"],
+        arrays,
+        manifest.get("run_id"),
+    )
+
+
+def other_run_checkpoints(directory: str | os.PathLike, run_id: str) -> str | None:
+    """Why run ``run_id`` must not write into ``directory`` (None when it may).
+
+    A directory that is a file cannot hold checkpoints; one holding checkpoints another run
+    wrote (or checkpoints written without a run id) would have them replaced and pruned.
+    """
+    directory = os.fspath(directory)
+    if os.path.exists(directory) and not os.path.isdir(directory):
+        return (
+            f"checkpoint path {directory} is a file, not a directory; no checkpoint could be saved"
+        )
+    if not os.path.isdir(directory):
+        return None
+    manifests = _read_manifests(directory)
+    foreign = [name for name, manifest in manifests.items() if manifest.get("run_id") != run_id]
+    if not foreign:
+        return None
+    newest = max(foreign, key=lambda name: manifests[name]["sequence"])
+    manifest = manifests[newest]
+    writer = manifest.get("run_id", "a run that recorded no id")
+    written = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(manifest.get("created", 0)))
+    return (
+        f"checkpoint directory {directory} holds {len(foreign)} checkpoint(s) of another run "
+        f"({writer}; newest: iteration {manifest['iteration']}, {newest}, written {written}); "
+        "a new run would replace them. Resume that run (resume_from), use another directory, "
+        "or set_checkpoint(..., replace_other_runs=True)"
+    )
 
 
 def list_checkpoints(directory: str | os.PathLike) -> list[str]:

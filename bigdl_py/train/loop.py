@@ -23,6 +23,7 @@ import dataclasses
 import logging
 import math
 import time
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,6 +61,7 @@ class _CheckpointPlan:
     path: str
     trigger: Trigger
     overwrite: bool
+    replace_other_runs: bool = False
 
 
 class BaseOptimizer:
@@ -128,6 +130,8 @@ class BaseOptimizer:
         self._constant_clipping: ConstantClipping | None = None
         self._l2_clipping: L2NormClipping | None = None
         self._resume_path: str | None = None
+        # Names this run's checkpoints; a fresh run refuses a directory of another run's.
+        self._run_id = "run-" + uuid.uuid4().hex[:12]
         self.callbacks: list[TrainingCallback] = []
         # Host copy of the weights at the best validation, for EarlyStopping(restore_best).
         self._best_weights: dict[str, np.ndarray] | None = None
@@ -190,17 +194,24 @@ class BaseOptimizer:
         """Subclasses convert what they accept (arrays, RDDs) into what their runner reads."""
         return dataset
 
-    def set_checkpoint(self, path: Any, trigger: Any, overwrite: bool = True) -> BaseOptimizer:
+    def set_checkpoint(
+        self, path: Any, trigger: Any, overwrite: bool = True, replace_other_runs: bool = False
+    ) -> BaseOptimizer:
         """Write a checkpoint into directory ``path`` whenever ``trigger`` fires.
 
         BigDL's argument order ``set_checkpoint(trigger, path)`` is accepted too.
         ``overwrite=True`` keeps the two newest checkpoints; ``False`` keeps all of them
-        and refuses to replace one. Resume with :meth:`resume_from`.
+        and refuses to replace one. Resume with :meth:`resume_from`. A run that does not
+        resume refuses, before training, a directory holding another run's checkpoints
+        (they would be replaced) unless ``replace_other_runs``.
         """
         if isinstance(path, Trigger):
             path, trigger = trigger, path
         self._checkpoint = _CheckpointPlan(
-            str(path), check_trigger(trigger, "checkpoint trigger"), bool(overwrite)
+            str(path),
+            check_trigger(trigger, "checkpoint trigger"),
+            bool(overwrite),
+            bool(replace_other_runs),
         )
         return self
 
@@ -288,6 +299,7 @@ class BaseOptimizer:
             self.batch_size,
             self.clippings,
         )
+        self._check_checkpoint_directory()
         self.runner.prepare(setup)
         try:
             if self._resume_path is not None:
@@ -551,11 +563,26 @@ class BaseOptimizer:
         arrays.update(resume.pack_best_weights(self._best_weights))
         plan = self._checkpoint
         self.last_checkpoint = checkpoints.save_checkpoint(
-            plan.path, self.state.iteration, arrays, metadata, overwrite=plan.overwrite
+            plan.path,
+            self.state.iteration,
+            arrays,
+            metadata,
+            overwrite=plan.overwrite,
+            run_id=self._run_id,
         )
         self.progress.message(f"checkpoint written: {self.last_checkpoint}")
 
+    def _check_checkpoint_directory(self) -> None:
+        """Refuse, before any work, a checkpoint directory this run would damage."""
+        plan = self._checkpoint
+        if plan is None or self._resume_path is not None or plan.replace_other_runs:
+            return
+        problem = checkpoints.other_run_checkpoints(plan.path, self._run_id)
+        if problem is not None:
+            raise checkpoints.CheckpointError(problem)
+
     def _restore(self, checkpoint: checkpoints.Checkpoint) -> None:
+        self._run_id = checkpoint.run_id or self._run_id  # continuing that run
         self.state, self.last_validation = resume.restore(
             self.runner, checkpoint, self._dataset_fingerprint()
         )
