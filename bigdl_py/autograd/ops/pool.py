@@ -7,6 +7,10 @@ KW)`` fast path without building that view: the offset views are its slices, the
 not copied, and the backward writes each view once instead of adding. (Reducing the 6-d
 reshape over its two kernel axes with ``max(axis=(3, 5))`` was measured 30x slower with
 NumPy 2.4, which reduces small non-adjacent axes element by element.)
+
+On the CPU both run tile by tile over the batch on the BLAS thread count's worth of threads
+(``conv_tiles.for_each_tile``, as convolutions do), every step writing into preallocated
+tiles with ``out=`` instead of allocating temporaries.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import numpy as np
 from bigdl_py import backend
 from bigdl_py.autograd.function import Function
 from bigdl_py.autograd.ops.conv import offset_slices, output_size, pad_spatial, pair
+from bigdl_py.autograd.ops.conv_tiles import for_each_tile, scratch_array, tile_size, worker_count
 
 
 def _pool_geometry(x, kernel_size, stride, padding, op_name: str):
@@ -47,6 +52,14 @@ def _kernel_offsets(kernel):
     return [(row, col) for row in range(kernel[0]) for col in range(kernel[1])]
 
 
+def _for_tiles(array, work) -> None:
+    """Run ``work(start, stop, scratch)`` over batch tiles of ``array`` (see conv_tiles)."""
+    on_gpu = backend.is_cupy_array(array)
+    bytes_per_sample = array[0].size * array.itemsize
+    size = tile_size(array.shape[0], bytes_per_sample, worker_count(), on_gpu)
+    for_each_tile(array.shape[0], size, work, on_gpu)
+
+
 def _unpad(grad_padded, padding, input_shape):
     height, width = input_shape[2:]
     return grad_padded[:, :, padding[0] : padding[0] + height, padding[1] : padding[1] + width]
@@ -68,21 +81,44 @@ class _Pool2d(Function):
             and all(out_hw[a] * kernel[a] == x.shape[2 + a] for a in (0, 1))
         )
 
-    def _scatter(self, grad, contributions, dtype):
-        """Sum per-offset gradients into the (padded) input's shape and crop the padding."""
+    def _scatter(self, grad, contribute):
+        """Sum per-offset gradients into the (padded) input's shape and crop the padding.
+
+        ``contribute(start, stop, position, scratch, out)`` writes the gradient that kernel
+        offset number ``position`` sends back from output tile ``[start, stop)`` into ``out``.
+        """
         xp = backend.array_module(grad)
         batch, channels, height, width = self.input_shape
         padded_shape = (batch, channels, height + 2 * self.padding[0], width + 2 * self.padding[1])
         # When the windows tile the input every element is written below: skip the zeroing.
         allocate = xp.empty if self.tiling else xp.zeros
-        grad_padded = allocate(padded_shape, dtype=dtype)
-        for offset, contribution in contributions:
-            window = (slice(None), slice(None)) + offset_slices(offset, self.stride, self.out_hw)
-            if self.disjoint:
-                grad_padded[window] = contribution
-            else:
-                grad_padded[window] += contribution
+        grad_padded = allocate(padded_shape, dtype=grad.dtype)
+        offsets = _kernel_offsets(self.kernel)
+
+        def work(start, stop, scratch):
+            target = grad_padded[start:stop]
+            for position, offset in enumerate(offsets):
+                window = target[
+                    (slice(None), slice(None)) + offset_slices(offset, self.stride, self.out_hw)
+                ]
+                if self.disjoint:
+                    contribute(start, stop, position, scratch, window)
+                else:
+                    shape = (stop - start,) + grad.shape[1:]
+                    contribution = scratch_array(scratch, "contribution", shape, grad.dtype, xp)
+                    contribute(start, stop, position, scratch, contribution)
+                    window += contribution
+
+        _for_tiles(grad, work)
         return _unpad(grad_padded, self.padding, self.input_shape)
+
+    def _views(self, padded, start, stop):
+        """The strided view each kernel offset reads, for the output tile ``[start, stop)``."""
+        tile = padded[start:stop]
+        return [
+            tile[(slice(None), slice(None)) + offset_slices(offset, self.stride, self.out_hw)]
+            for offset in _kernel_offsets(self.kernel)
+        ]
 
 
 class MaxPool2d(_Pool2d):
@@ -94,32 +130,43 @@ class MaxPool2d(_Pool2d):
         # Padding with -inf (or the lowest integer) never wins the max, as in PyTorch.
         fill = -np.inf if backend.is_floating(x.dtype) else np.iinfo(x.dtype).min
         padded = pad_spatial(x, self.padding, fill)
-        offsets = _kernel_offsets(self.kernel)
-        views = [
-            padded[(slice(None), slice(None)) + offset_slices(o, self.stride, self.out_hw)]
-            for o in offsets
-        ]
-        best = views[0].copy()
+        out_shape = x.shape[:2] + self.out_hw
+        best = xp.empty(out_shape, dtype=x.dtype)
         # The winning offset as a small integer: 1 byte per output, where PyTorch keeps int64.
-        index_dtype = np.uint8 if len(offsets) <= 255 else np.int32
-        winner = xp.zeros(best.shape, dtype=index_dtype)
-        for position, view in enumerate(views[1:], start=1):
-            # Strictly greater: on ties the earlier offset keeps the gradient. Arithmetic
-            # updates of ``winner`` are ~50x faster than boolean-mask assignment in NumPy.
-            better = view > best
-            winner *= ~better
-            winner += better.astype(index_dtype) * index_dtype(position)
-            xp.maximum(best, view, out=best)
+        index_dtype = np.uint8 if self.kernel[0] * self.kernel[1] <= 255 else np.int32
+        winner = xp.empty(out_shape, dtype=index_dtype)
+
+        def work(start, stop, scratch):
+            views = self._views(padded, start, stop)
+            tile_best, tile_winner = best[start:stop], winner[start:stop]
+            tile_best[...] = views[0]
+            tile_winner[...] = 0
+            better = scratch_array(scratch, "better", tile_best.shape, bool, xp)
+            step = scratch_array(scratch, "step", tile_best.shape, index_dtype, xp)
+            for position, view in enumerate(views[1:], start=1):
+                # Strictly greater: on ties the earlier offset keeps the gradient. winner +=
+                # better * (position - winner): arithmetic is ~50x faster than a boolean-mask
+                # assignment in NumPy, and position > winner so nothing wraps around.
+                xp.greater(view, tile_best, out=better)
+                xp.subtract(index_dtype(position), tile_winner, out=step)
+                xp.multiply(step, better, out=step)
+                xp.add(tile_winner, step, out=tile_winner)
+                xp.maximum(tile_best, view, out=tile_best)
+
+        _for_tiles(x, work)
         self.save_for_backward(winner)
         return best
 
     def backward(self, grad):
         (winner,) = self.saved
-        offsets = _kernel_offsets(self.kernel)
-        contributions = (
-            ((row, col), grad * (winner == position)) for position, (row, col) in enumerate(offsets)
-        )
-        return self._scatter(grad, contributions, grad.dtype)
+        xp = backend.array_module(grad)
+
+        def contribute(start, stop, position, scratch, out):
+            mask = scratch_array(scratch, "mask", out.shape, bool, xp)
+            xp.equal(winner[start:stop], position, out=mask)
+            xp.multiply(grad[start:stop], mask, out=out)
+
+        return self._scatter(grad, contribute)
 
 
 class AvgPool2d(_Pool2d):
@@ -129,18 +176,27 @@ class AvgPool2d(_Pool2d):
         self._setup(x, kernel_size, stride, padding, "avg_pool2d")
         if not backend.is_floating(x.dtype):
             raise TypeError(f"avg_pool2d: input must be floating point, got dtype {x.dtype}")
+        xp = backend.array_module(x)
         padded = pad_spatial(x, self.padding)
-        views = [
-            padded[(slice(None), slice(None)) + offset_slices(o, self.stride, self.out_hw)]
-            for o in _kernel_offsets(self.kernel)
-        ]
-        total = views[0].copy()
-        for view in views[1:]:
-            total += view
-        total *= x.dtype.type(1.0 / len(views))
+        total = xp.empty(x.shape[:2] + self.out_hw, dtype=x.dtype)
+        scale = x.dtype.type(1.0 / (self.kernel[0] * self.kernel[1]))
+
+        def work(start, stop, scratch):
+            views = self._views(padded, start, stop)
+            tile = total[start:stop]
+            tile[...] = views[0]
+            for view in views[1:]:
+                tile += view
+            tile *= scale
+
+        _for_tiles(x, work)
         return total
 
     def backward(self, grad):
-        share = grad * grad.dtype.type(1.0 / (self.kernel[0] * self.kernel[1]))
-        contributions = ((offset, share) for offset in _kernel_offsets(self.kernel))
-        return self._scatter(grad, contributions, grad.dtype)
+        xp = backend.array_module(grad)
+        scale = grad.dtype.type(1.0 / (self.kernel[0] * self.kernel[1]))
+
+        def contribute(start, stop, position, scratch, out):
+            xp.multiply(grad[start:stop], scale, out=out)
+
+        return self._scatter(grad, contribute)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from bigdl_py import backend
 from bigdl_py.autograd import Tensor, gradcheck, ops
+from bigdl_py.autograd.ops import pool as pool_ops
 
 # (id, input shape, kernel_size, stride, padding)
 POOL_CASES = [
@@ -88,3 +90,30 @@ def test_pools_keep_float32():
 def test_pool_errors_name_the_op(pool, shape, settings, message):
     with pytest.raises(ValueError, match=f"{pool.__name__}: {message}"):
         pool(Tensor(np.zeros(shape)), **settings)
+
+
+@pytest.mark.parametrize("shape, kernel, stride, padding", POOL_PARAMS, ids=POOL_IDS)
+@pytest.mark.parametrize("pool", [ops.max_pool2d, ops.avg_pool2d])
+def test_tiles_shared_among_threads_give_the_one_tile_result(
+    monkeypatch, rng, pool, shape, kernel, stride, padding
+):
+    # A batch of 7 in tiles of 3 + 3 + 1, taken by two threads in any order.
+    values = rng.standard_normal((7,) + shape[1:])
+    upstream = None
+
+    def run():
+        nonlocal upstream
+        x = Tensor(values, requires_grad=True, dtype=np.float64)
+        output = pool(x, kernel, stride, padding)
+        if upstream is None:
+            upstream = np.random.default_rng(3).standard_normal(output.shape)
+        output.backward(upstream)
+        return output.numpy(), x.grad.numpy()
+
+    with backend.blas_threads(1):
+        expected = run()
+    monkeypatch.setattr(pool_ops, "tile_size", lambda *args: 3)
+    with backend.blas_threads(2):
+        tiled = run()
+    for got, want in zip(tiled, expected, strict=True):
+        np.testing.assert_array_equal(got, want)
