@@ -57,26 +57,29 @@ class _GateActivations:
 class LSTMSequence(Function):
     """One LSTM layer over a sequence, in one or two directions.
 
-    Inputs: ``input_gates`` (the input projection of every step, ``(N, T, D * 4H)`` when
-    ``batch_first``, else ``(T, N, D * 4H)``, directions side by side), ``weight_hh (D, 4H,
-    H)``, ``h0 (D, N, H)``, ``c0 (D, N, H)`` and, optionally, ``bias_hh (D, 4H)``. The
-    output packs everything because a ``Function`` has one output: ``(N, T + 2, D * H)`` (or
-    ``(T + 2, N, D * H)``); rows ``0..T-1`` are the hidden states at each time, row ``T`` the
-    final hidden state ``h_n`` and row ``T + 1`` the final cell state ``c_n`` of each
-    direction (the reverse direction's final states are those at time 0).
+    Inputs: the layer's input ``x`` (``(N, T, F)`` when ``batch_first``, else ``(T, N,
+    F)``), ``weight_ih (D, 4H, F)``, ``weight_hh (D, 4H, H)``, ``h0 (D, N, H)``, ``c0 (D, N,
+    H)`` and, optionally, ``bias_ih`` and ``bias_hh (D, 4H)``; ``D`` is the number of
+    directions. The output packs everything because a ``Function`` has one output: ``(N, T +
+    2, D * H)`` (or ``(T + 2, N, D * H)``); rows ``0..T-1`` are the hidden states at each
+    time (the directions side by side), row ``T`` the final hidden state ``h_n`` and row
+    ``T + 1`` the final cell state ``c_n`` of each direction (the reverse direction's final
+    states are those at time 0).
     """
 
     gate_kinds = ("sigmoid", "sigmoid", "tanh", "sigmoid")
 
-    def forward(self, input_gates, weight_hh, h0, c0, bias_hh=None, batch_first=True):
-        xp = backend.array_module(input_gates)
+    def forward(
+        self, x, weight_ih, weight_hh, h0, c0, bias_ih=None, bias_hh=None, batch_first=True
+    ):
+        xp = backend.array_module(x)
         directions, gate_width, size = weight_hh.shape
-        activations = _GateActivations(xp, self.gate_kinds, size, input_gates.dtype)
-        # Every step's gates, pre-activation at first: the input projection with bias_hh
-        # added and the activation's inner scale applied, for all steps at once; each step
-        # then adds h_{t-1} @ W_hh.T and activates in place.
-        gates = _to_steps(_time_major_blocks(input_gates, directions, batch_first), bias_hh)
-        gates *= activations.scale
+        activations = _GateActivations(xp, self.gate_kinds, size, x.dtype)
+        # Every step's gates, pre-activation at first: the input projection with both biases
+        # and the activation's inner scale, for all steps in one GEMM per direction; each
+        # step then adds h_{t-1} @ W_hh.T and activates in place.
+        bias = None if bias_ih is None else bias_ih + bias_hh
+        inputs, gates = _project_inputs(x, weight_ih, bias, activations.scale, batch_first)
         scaled_weight_hh = activations.scaled_transposed(weight_hh)
         _, steps, batch, _ = gates.shape
         hiddens = xp.empty((directions, steps + 1, batch, size), dtype=gates.dtype)
@@ -96,12 +99,12 @@ class LSTMSequence(Function):
             cells[:, t + 1] += product
             xp.tanh(cells[:, t + 1], out=tanh_cells[:, t])
             xp.multiply(output_gate, tanh_cells[:, t], out=hiddens[:, t + 1])
-        self.batch_first, self.has_bias = batch_first, bias_hh is not None
-        self.save_for_backward(gates, hiddens, cells, tanh_cells, weight_hh)
+        self.batch_first, self.has_bias = batch_first, bias_ih is not None
+        self.save_for_backward(inputs, gates, hiddens, cells, tanh_cells, weight_ih, weight_hh)
         return _to_layer_layout(hiddens[:, 1:], [hiddens[:, steps], cells[:, steps]], batch_first)
 
     def backward(self, grad):
-        gates, hiddens, cells, tanh_cells, weight_hh = self.saved
+        inputs, gates, hiddens, cells, tanh_cells, weight_ih, weight_hh = self.saved
         xp = backend.array_module(gates)
         directions, steps = gates.shape[:2]
         upstream = _time_major_blocks(grad, directions, self.batch_first)
@@ -144,36 +147,41 @@ class LSTMSequence(Function):
             grad[:, :, 3] *= grad_hidden  # o through the hidden state
             grad_cell *= blocks[:, :, 1]
             xp.matmul(step_grad, weight_hh, out=grad_hidden)
+        grad_x, grad_weight_ih = _input_gradients(
+            grad_gates, inputs, weight_ih, self.needs_input_grad[0], self.batch_first
+        )
+        grad_bias = grad_gates.sum(axis=(1, 2)) if self.has_bias else None
         return (
-            _from_steps(grad_gates, self.batch_first),
+            grad_x,
+            grad_weight_ih,
             _weight_gradient(grad_gates, hiddens),
             grad_hidden,
             grad_cell,
-            grad_gates.sum(axis=(1, 2)) if self.has_bias else None,
+            grad_bias,  # bias_ih and bias_hh enter the gates alike
+            grad_bias,
         )
 
 
 class GRUSequence(Function):
     """One GRU layer over a sequence, in one or two directions.
 
-    Inputs: ``input_gates`` (``(N, T, D * 3H)`` or ``(T, N, D * 3H)``), ``weight_hh (D, 3H,
-    H)``, ``h0 (D, N, H)`` and, optionally, ``bias_hh (D, 3H)``. Output ``(N, T + 1, D * H)``
-    (or ``(T + 1, N, D * H)``): rows ``0..T-1`` are the hidden states at each time, row
-    ``T`` the final hidden state of each direction. As in PyTorch, the reset gate scales the
-    hidden part of the candidate *including* its bias: ``n = tanh(x_n + r * (h @ W_hn.T +
-    b_hn))``.
+    Inputs: ``x`` (``(N, T, F)`` or ``(T, N, F)``), ``weight_ih (D, 3H, F)``, ``weight_hh (D,
+    3H, H)``, ``h0 (D, N, H)`` and, optionally, ``bias_ih`` and ``bias_hh (D, 3H)``. Output
+    ``(N, T + 1, D * H)`` (or ``(T + 1, N, D * H)``): rows ``0..T-1`` are the hidden states
+    at each time, row ``T`` the final hidden state of each direction. As in PyTorch, the
+    reset gate scales the hidden part of the candidate *including* its bias: ``n = tanh(x_n +
+    r * (h @ W_hn.T + b_hn))``.
     """
 
     gate_kinds = ("sigmoid", "sigmoid", "tanh")
 
-    def forward(self, input_gates, weight_hh, h0, bias_hh=None, batch_first=True):
-        xp = backend.array_module(input_gates)
+    def forward(self, x, weight_ih, weight_hh, h0, bias_ih=None, bias_hh=None, batch_first=True):
+        xp = backend.array_module(x)
         directions, gate_width, size = weight_hh.shape
-        activations = _GateActivations(xp, self.gate_kinds, size, input_gates.dtype)
+        activations = _GateActivations(xp, self.gate_kinds, size, x.dtype)
         # r and z add the input and hidden projections before activating, n does not
         # (r multiplies n's hidden part first); all three blocks get the inner scale.
-        gates = _to_steps(_time_major_blocks(input_gates, directions, batch_first))
-        gates *= activations.scale
+        inputs, gates = _project_inputs(x, weight_ih, bias_ih, activations.scale, batch_first)
         scaled_weight_hh = activations.scaled_transposed(weight_hh)
         scaled_bias_hh = None if bias_hh is None else (bias_hh * activations.scale)[:, None, :]
         _, steps, batch, _ = gates.shape
@@ -200,12 +208,12 @@ class GRUSequence(Function):
             xp.subtract(hiddens[:, t], candidate, out=hiddens[:, t + 1])
             hiddens[:, t + 1] *= update_gate
             hiddens[:, t + 1] += candidate
-        self.batch_first, self.has_bias = batch_first, bias_hh is not None
-        self.save_for_backward(gates, hiddens, hidden_candidates, weight_hh)
+        self.batch_first, self.has_bias = batch_first, bias_ih is not None
+        self.save_for_backward(inputs, gates, hiddens, hidden_candidates, weight_ih, weight_hh)
         return _to_layer_layout(hiddens[:, 1:], [hiddens[:, steps]], batch_first)
 
     def backward(self, grad):
-        gates, hiddens, hidden_candidates, weight_hh = self.saved
+        inputs, gates, hiddens, hidden_candidates, weight_ih, weight_hh = self.saved
         xp = backend.array_module(gates)
         directions, steps = gates.shape[:2]
         upstream = _time_major_blocks(grad, directions, self.batch_first)
@@ -230,10 +238,15 @@ class GRUSequence(Function):
             grad_hidden_candidate *= reset_gate
             grad_hidden *= update_gate
             grad_hidden += hidden_gates @ weight_hh
+        grad_x, grad_weight_ih = _input_gradients(
+            grad_input_gates, inputs, weight_ih, self.needs_input_grad[0], self.batch_first
+        )
         return (
-            _from_steps(grad_input_gates, self.batch_first),
+            grad_x,
+            grad_weight_ih,
             _weight_gradient(grad_hidden_gates, hiddens),
             grad_hidden,
+            grad_input_gates.sum(axis=(1, 2)) if self.has_bias else None,
             grad_hidden_gates.sum(axis=(1, 2)) if self.has_bias else None,
         )
 
@@ -293,9 +306,39 @@ def _to_layer_layout(steps_array, final_rows: list, batch_first: bool):
     return result
 
 
-def _from_steps(steps_array, batch_first: bool):
-    """A new layer-layout ``(N, T, D * K)`` (or ``(T, N, D * K)``) array from ``(D, T, N, K)``."""
-    return _to_layer_layout(steps_array, [], batch_first)
+def _project_inputs(x, weight_ih, bias, scale, batch_first: bool) -> tuple:
+    """The layer input of each direction in its reading order, ``(D, T, N, F)``, and the
+    gates' input projections ``(x @ W_ih.T + bias) * scale``, ``(D, T, N, gates * H)``: one
+    GEMM per direction over all steps, written in the recurrence's layout (no copy of the
+    wide gates array to reorder it)."""
+    xp = backend.array_module(x)
+    directions, gate_width, features = weight_ih.shape
+    time_major = _time_major_blocks(x, 1, batch_first)  # (T, N, 1, F)
+    inputs = _to_steps(xp.broadcast_to(time_major, (*time_major.shape[:2], directions, features)))
+    _, steps, batch, _ = inputs.shape
+    scaled_weight_t = xp.swapaxes(weight_ih * scale[:, None], 1, 2)  # (D, F, gates * H)
+    gates = xp.matmul(inputs.reshape(directions, steps * batch, features), scaled_weight_t)
+    if bias is not None:
+        gates += (bias * scale)[:, None, :]
+    return inputs, gates.reshape(directions, steps, batch, gate_width)
+
+
+def _input_gradients(grad_gates, inputs, weight_ih, needs_x: bool, batch_first: bool) -> tuple:
+    """The gradients of the layer input (None unless ``needs_x``; the directions' parts
+    summed, back in time order and the layer's layout) and of ``weight_ih``."""
+    xp = backend.array_module(grad_gates)
+    directions, steps, batch, gate_width = grad_gates.shape
+    flat_grad = grad_gates.reshape(directions, steps * batch, gate_width)
+    flat_inputs = inputs.reshape(directions, steps * batch, inputs.shape[-1])
+    grad_weight_ih = xp.matmul(xp.swapaxes(flat_grad, 1, 2), flat_inputs)
+    if not needs_x:
+        return None, grad_weight_ih
+    grad_inputs = xp.matmul(flat_grad, weight_ih).reshape(inputs.shape)
+    grad_x = _to_layer_layout(grad_inputs[:1], [], batch_first)
+    if directions == 2:
+        target = _time_major_blocks(grad_x, 1, batch_first)[:, :, 0]
+        target += grad_inputs[1, ::-1]
+    return grad_x, grad_weight_ih
 
 
 def _weight_gradient(grad_gates, hiddens):

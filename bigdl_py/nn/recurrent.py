@@ -6,10 +6,10 @@ default initialisation are PyTorch's, so a PyTorch ``state_dict`` loads as is::
     lstm = nn.LSTM(8, 16, num_layers=2)
     lstm.load_state_dict({k: v.numpy() for k, v in torch_lstm.state_dict().items()})
 
-Per layer, the input projection of all time steps and both directions is one GEMM
-(``ops.linear`` on the directions' stacked ``W_ih``); the recurrence of both directions and
-its backward through time are one fused node (``_recurrent_functions.py``), so long
-sequences neither deepen the graph nor slow the backward walk.
+Per layer, the input projection of all time steps is one GEMM per direction, and the
+recurrence of both directions and its backward through time are one fused node
+(``_recurrent_functions.py``), so long sequences neither deepen the graph nor slow the
+backward walk.
 """
 
 from __future__ import annotations
@@ -149,14 +149,13 @@ class _Recurrent(Module):
         return (slice(None), index) if self.batch_first else (index,)
 
     def _layer_parameters(self, layer: int, kind: str) -> Tensor | None:
-        """``kind`` (``"weight_ih"``, ...) of every direction of ``layer``, joined: weights
-        ``_ih`` stacked along the gate rows (one input GEMM serves both directions), ``_hh``
-        stacked on a new leading direction axis."""
+        """``kind`` (``"weight_ih"``, ...) of every direction of ``layer`` on a new leading
+        direction axis (a view when there is one direction)."""
         if kind.startswith("bias") and not self.bias:
             return None
         parts = [getattr(self, f"{kind}_l{layer}{suffix}") for suffix in self._suffixes]
-        if kind.endswith("_ih"):
-            return parts[0] if len(parts) == 1 else ops.concatenate(parts, axis=0)
+        if len(parts) == 1:
+            return ops.reshape(parts[0], (1, *parts[0].shape))
         return ops.stack(parts, axis=0)
 
     def _run_layers(self, x: Tensor, initial_states: list[tuple]) -> tuple[Tensor, list]:
@@ -170,17 +169,10 @@ class _Recurrent(Module):
         steps = x.shape[1 if self.batch_first else 0]
         batch = x.shape[0 if self.batch_first else 1]
         for layer in range(self.num_layers):
-            # Every step's and direction's input projection in one GEMM over 2-d rows.
-            flat = ops.reshape(sequence, (-1, sequence.shape[-1]))
-            weight_ih = self._layer_parameters(layer, "weight_ih")
-            input_gates = ops.linear(flat, weight_ih, self._layer_parameters(layer, "bias_ih"))
-            input_gates = ops.reshape(input_gates, (*sequence.shape[:2], -1))
-            bias_hh = self._layer_parameters(layer, "bias_hh")
+            weights = [self._layer_parameters(layer, kind) for kind in ("weight_ih", "weight_hh")]
+            biases = [self._layer_parameters(layer, kind) for kind in ("bias_ih", "bias_hh")]
             packed = self._recur(
-                input_gates,
-                self._layer_parameters(layer, "weight_hh"),
-                initial_states[layer],
-                () if bias_hh is None else (bias_hh,),
+                sequence, *weights, initial_states[layer], biases if self.bias else []
             )
             sequence = ops.getitem(packed, self._time_index(slice(0, steps)))
             # Rows T, T + 1, ... of the packed output are the final states, (N, D * H) each.
@@ -200,7 +192,7 @@ class _Recurrent(Module):
                 sequence = ops.dropout(sequence, self.dropout)
         return sequence, final_states
 
-    def _recur(self, input_gates, weight_hh, states, biases) -> Tensor:
+    def _recur(self, x, weight_ih, weight_hh, states, biases) -> Tensor:
         raise NotImplementedError  # pragma: no cover - each subclass has its recurrence
 
     def extra_repr(self) -> str:
@@ -309,9 +301,9 @@ class LSTM(_Recurrent):
         output, finals = self._run_layers(x, initial)
         return output, (_join_layers([h for h, _ in finals]), _join_layers([c for _, c in finals]))
 
-    def _recur(self, input_gates, weight_hh, states, biases):
+    def _recur(self, x, weight_ih, weight_hh, states, biases):
         return LSTMSequence.apply(
-            input_gates, weight_hh, *states, *biases, batch_first=self.batch_first
+            x, weight_ih, weight_hh, *states, *biases, batch_first=self.batch_first
         )
 
 
@@ -380,9 +372,9 @@ class GRU(_Recurrent):
         output, finals = self._run_layers(x, initial)
         return output, _join_layers([h for (h,) in finals])
 
-    def _recur(self, input_gates, weight_hh, states, biases):
+    def _recur(self, x, weight_ih, weight_hh, states, biases):
         return GRUSequence.apply(
-            input_gates, weight_hh, *states, *biases, batch_first=self.batch_first
+            x, weight_ih, weight_hh, *states, *biases, batch_first=self.batch_first
         )
 
 
