@@ -11,6 +11,7 @@ import numpy as np
 
 from bigdl_py import backend
 from bigdl_py.autograd.function import Function
+from bigdl_py.autograd.ops.misc import add_rows
 
 MODES = ("sum", "mean", "max")
 
@@ -106,7 +107,7 @@ class EmbeddingBag(Function):
                 kept = (entry_grad * xp.take(weight, indices, axis=0)).sum(axis=1)
                 grad_samples = self._expand(xp, kept)
             entry_grad *= per_sample_weights[:, None]
-        backend.scatter_add(grad_weight, indices, entry_grad)
+        add_rows(grad_weight, indices, entry_grad)
         return grad_weight, grad_samples
 
     def _expand(self, xp, kept_values):
