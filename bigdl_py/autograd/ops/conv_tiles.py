@@ -5,7 +5,7 @@ Why tiles: a whole-batch im2col matrix is 9x the input (75 MB for the second lay
 few samples keeps its columns (a few MB) in cache from the im2col copy to the GEMM that
 reads them, so nothing large is ever allocated, the backward pass recomputes the columns
 instead of keeping them, and OpenBLAS runs these GEMMs faster than the wide whole-batch
-one (on the bench machine, at one thread: 21 ms against 39 ms for that layer's forward).
+one (on the bench machine, at one thread: 21-25 ms against 39 ms for that layer's forward).
 
 Why our own threads: with two BLAS threads each GEMM ends in a barrier between them, and
 on a shared machine a barrier often waits for a descheduled thread (see conv.py). So when
@@ -26,10 +26,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-# Largest scratch buffer (the columns of one tile) we aim for: ~3 MB measured best for the
-# CIFAR CNN's layers at one thread (1 sample of its second layer, 1.2 MB: 25 ms; 2-4
-# samples: 21 ms; 8: 22 ms; the whole batch of 64: 39 ms).
-TILE_BYTES = 3 << 20
+# Largest scratch buffer (the columns of one tile) we aim for. At one thread the CIFAR CNN's
+# step took the same CPU time (within the machine's noise) with 0.75 to 6 MB, and the second
+# layer's forward alone 25 ms with 1.2 MB tiles, 21 ms with 2.4-4.7 MB, 39 ms for the whole
+# batch; 1 MB keeps the per-thread buffers, which count in the step's peak memory, small.
+TILE_BYTES = 1 << 20
 # Below this many bytes of columns for the whole batch an op runs as one tile on the calling
 # thread: handing out tiles costs ~0.2 ms, more than such an op takes.
 MIN_SPLIT_BYTES = 1 << 20

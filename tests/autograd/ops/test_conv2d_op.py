@@ -200,8 +200,11 @@ def test_tiles_shared_among_threads_give_the_one_tile_result(
         np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
 
 
-def test_tile_size_keeps_small_batches_whole_and_splits_large_ones_for_every_worker():
-    assert conv_tiles.tile_size(4, 1000, workers=2, on_gpu=False) == 4
-    assert conv_tiles.tile_size(64, 1 << 20, workers=1, on_gpu=False) == 3
-    assert conv_tiles.tile_size(64, 100_000, workers=2, on_gpu=False) == 16  # two per worker
-    assert conv_tiles.tile_size(64, 1 << 20, workers=2, on_gpu=True) == 64
+def test_tile_size_keeps_small_batches_whole_and_splits_large_ones_for_every_worker(monkeypatch):
+    monkeypatch.setattr(conv_tiles, "TILE_BYTES", 3000)
+    monkeypatch.setattr(conv_tiles, "MIN_SPLIT_BYTES", 5000)
+    assert conv_tiles.tile_size(4, 1000, workers=2, on_gpu=False) == 4  # 4000 bytes: whole
+    assert conv_tiles.tile_size(64, 1000, workers=1, on_gpu=False) == 3  # 3000 // 1000
+    assert conv_tiles.tile_size(64, 100, workers=2, on_gpu=False) == 16  # two tiles per worker
+    assert conv_tiles.tile_size(64, 10_000, workers=2, on_gpu=False) == 1  # at least one
+    assert conv_tiles.tile_size(64, 1000, workers=2, on_gpu=True) == 64  # a GPU takes all
