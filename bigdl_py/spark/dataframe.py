@@ -36,6 +36,7 @@ import numpy as np
 import pyarrow as pa
 
 from bigdl_py.data.arrow_tables import ColumnSpec, ShapeSpec, feature_column_groups, table_to_arrays
+from bigdl_py.data.validation import uneven_partitions
 
 if TYPE_CHECKING:
     from pyspark import RDD
@@ -529,6 +530,29 @@ def _survey(partition: int, rows: Iterator[Any]) -> Iterator[tuple[int, Any]]:
     yield size, first
 
 
+def _warn_uneven(sizes: list[int], num_partitions: int, kind: str) -> None:
+    import warnings
+
+    warnings.warn(
+        f"the training {kind}'s partitions hold {sizes} samples: every partition supplies an "
+        "equal share of each batch, so small ones would be read many times an epoch and "
+        f"large ones only in part; repartitioned into {num_partitions} even partitions "
+        f"(repartition the {kind} yourself to choose how)",
+        stacklevel=4,
+    )
+
+
+def _dataframe_partition_sizes(df: DataFrame, num_partitions: int) -> list[int]:
+    """Rows per partition, counted in the JVM (one job; no column is read into Python)."""
+    from pyspark.sql import functions as F
+
+    counts = df.groupBy(F.spark_partition_id().alias("partition")).count().collect()
+    sizes = [0] * num_partitions
+    for row in counts:
+        sizes[row["partition"]] = int(row["count"])
+    return sizes
+
+
 def _rebalanced(rdd: Any, sizes: list[int], num_partitions: int) -> Any:
     """``rdd`` cut into ``num_partitions`` contiguous runs of (nearly) equal sample counts.
 
@@ -599,10 +623,8 @@ def prepare_training_input(
     TypeError
         For RDD records of another kind, or a list of numbers as a sample's features.
     """
-    import warnings
-
     from bigdl_py.data import ArrayDataset
-    from bigdl_py.data.validation import class_indices, uneven_partitions
+    from bigdl_py.data.validation import class_indices
     from bigdl_py.nn.loss import _ClassLoss
 
     class_loss = isinstance(criterion, _ClassLoss)
@@ -622,6 +644,11 @@ def prepare_training_input(
             raise ValueError("the training DataFrame has no rows")
         if data.rdd.getNumPartitions() != num_partitions:
             data = data.repartition(num_partitions)  # rows, not whole blocks, are spread
+        else:
+            sizes = _dataframe_partition_sizes(data, num_partitions)
+            if uneven_partitions(sizes):
+                _warn_uneven(sizes, num_partitions, "DataFrame")
+                data = data.repartition(num_partitions)
         num_classes = _class_count(model, tuple(array[0] for array in features))
         rule = _LabelRule(class_loss, num_classes, ignore_index)
         blocks = dataframe_to_partition_arrays(data, feature_cols, label_col, feature_shape)
@@ -640,13 +667,7 @@ def prepare_training_input(
     if first is None:
         raise ValueError(f"the training RDD holds no samples (in {len(sizes)} partitions)")
     if len(sizes) == num_partitions and uneven_partitions(sizes):
-        warnings.warn(
-            f"the training RDD's partitions hold {sizes} samples: every partition supplies an "
-            "equal share of each batch, so small ones would be read many times an epoch and "
-            f"large ones only in part; repartitioned into {num_partitions} even partitions "
-            "(repartition the RDD yourself to choose how)",
-            stacklevel=3,
-        )
+        _warn_uneven(sizes, num_partitions, "RDD")
     if len(sizes) != num_partitions or uneven_partitions(sizes):
         data = _rebalanced(data, sizes, num_partitions)
     if class_loss:

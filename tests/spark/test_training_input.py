@@ -158,3 +158,17 @@ def test_array_dataset_labels_checked_against_the_model(sc, rng):
     labels[0] = CLASSES
     with pytest.raises(ValueError, match="outside the model's 3 classes"):
         prepare_training_input(ArrayDataset(features, labels), sc, 2, _model(), nn.NLLLoss())
+
+
+def test_skewed_dataframe_partitions_are_named_and_rebalanced(spark, sc, rng):
+    features, labels = _data(rng, rows=30)
+    rows = [(f.tolist(), int(y)) for f, y in zip(features, labels, strict=True)]
+    skewed_rows = sc.parallelize(rows, 3).mapPartitionsWithIndex(
+        lambda index, part: list(part)[:2] if index == 0 else part
+    )
+    frame = spark.createDataFrame(skewed_rows, "features array<float>, label long")
+    sizes = frame.rdd.glom().map(len).collect()
+    with pytest.warns(UserWarning, match=re.escape(f"DataFrame's partitions hold {sizes}")):
+        blocks = prepare_training_input(frame, sc, 3, _model(), nn.NLLLoss())
+    after = blocks.map(lambda batch: len(batch.labels)).collect()
+    assert sum(after) == sum(sizes) and max(after) - min(after) < max(sizes) - min(sizes)
