@@ -65,6 +65,8 @@ def _executor(threads: int) -> ThreadPoolExecutor:
     key = (os.getpid(), threads)
     with _state_lock:
         if _pool_key != key:
+            if _pool is not None and _pool_key[0] == key[0]:
+                _pool.shutdown(wait=False)  # idle threads of another count: let them go
             _pool = ThreadPoolExecutor(threads, thread_name_prefix="bigdl_py-conv")
             _pool_key = key
         return _pool
@@ -112,11 +114,17 @@ def for_each_tile(
     limits = [controller.num_threads for controller in controllers]
     for controller in controllers:
         controller.set_num_threads(1)
+    futures = []
     try:
-        futures = [_executor(threads - 1).submit(run) for _ in range(threads - 1)]
+        pool = _executor(threads - 1)
+        futures = [pool.submit(run) for _ in range(threads - 1)]
         scratches = [run()]  # the calling thread takes tiles too
         scratches += [future.result() for future in futures]
     finally:
+        # On an error in this thread, let the others finish the tiles left before BLAS
+        # gets its threads back (their errors, if any, are dropped for this one).
+        for future in futures:
+            future.exception()
         for controller, limit in zip(controllers, limits, strict=True):
             controller.set_num_threads(limit)
     return scratches

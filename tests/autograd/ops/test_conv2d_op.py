@@ -208,3 +208,14 @@ def test_tile_size_keeps_small_batches_whole_and_splits_large_ones_for_every_wor
     assert conv_tiles.tile_size(64, 100, workers=2, on_gpu=False) == 16  # two tiles per worker
     assert conv_tiles.tile_size(64, 10_000, workers=2, on_gpu=False) == 1  # at least one
     assert conv_tiles.tile_size(64, 1000, workers=2, on_gpu=True) == 64  # a GPU takes all
+
+
+def test_an_error_in_a_tile_reaches_the_caller_and_blas_gets_its_threads_back():
+    def work(start, stop, scratch):
+        if start == 2:
+            raise RuntimeError("tile 2 failed")
+
+    with backend.blas_threads(2):
+        with pytest.raises(RuntimeError, match="tile 2 failed"):
+            conv_tiles.for_each_tile(6, 1, work)
+        assert conv_tiles.worker_count() == 2
