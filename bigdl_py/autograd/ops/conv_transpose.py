@@ -7,8 +7,8 @@ So both directions reuse conv2d's machinery (``conv.py``) with the roles swapped
 * forward: ``conv.transposed_convolution`` (col2im, or for stride 1 the flipped-kernel
   convolution, whichever moves less memory);
 * input gradient: a plain conv2d of the output gradient;
-* weight gradient: ``x @ columns(output gradient)^T``, the columns being those the input
-  gradient's conv2d built anyway.
+* weight gradient: conv2d's weight gradient with the output gradient as the input and ``x``
+  as the output's gradient, ``x @ columns(output gradient)^T``, tile by tile.
 
 ``output_padding`` adds rows and columns at the bottom and right of the output (so that a
 strided transposed convolution can reach every size a conv2d's input could have had); it
