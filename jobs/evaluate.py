@@ -20,6 +20,7 @@ import output_checks
 from inference_inputs import (
     InputData,
     add_data_arguments,
+    check_input_location,
     load_model,
     log,
     start_spark,
@@ -61,6 +62,7 @@ def main(argv=None) -> dict:
         problem = output_checks.output_file_problem(args.output_json, "--output-json")
         if problem:
             raise SystemExit(problem)
+    check_input_location(args)
     model = load_model(args.model)
     spark = start_spark(args, "bigdl_py evaluate")
     data = InputData(spark, args, needs_labels=True)

@@ -76,6 +76,19 @@ def feature_shape(text: str | None) -> tuple[int, ...] | None:
     return shape
 
 
+def check_input_location(args: argparse.Namespace) -> None:
+    """Exit naming a missing --input or Fashion-MNIST directory before Spark starts."""
+    if args.input is None:
+        from bigdl_py.data import find_fashion_mnist
+
+        try:
+            find_fashion_mnist("test", args.data)
+        except FileNotFoundError as error:
+            raise SystemExit(f"--data: {error}") from None
+    elif "://" not in args.input and not os.path.exists(args.input.removeprefix("file:")):
+        raise SystemExit(f"--input {args.input!r} does not exist")
+
+
 def start_spark(args: argparse.Namespace, app_name: str):
     from bigdl_py.spark.session import get_spark
 

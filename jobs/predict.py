@@ -22,6 +22,7 @@ import output_checks
 from inference_inputs import (
     InputData,
     add_data_arguments,
+    check_input_location,
     load_model,
     log,
     start_spark,
@@ -79,6 +80,7 @@ def main(argv=None) -> dict:
     from bigdl_py.spark.inference import predict
 
     check_locations(args)
+    check_input_location(args)
     model = load_model(args.model)
     spark = start_spark(args, "bigdl_py predict")
     data = InputData(spark, args, needs_labels=False)

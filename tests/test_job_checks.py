@@ -159,3 +159,16 @@ def test_no_progress_still_reports_epochs(caplog):
     with caplog.at_level("INFO", logger="bigdl_py"):
         quiet.message("validation: Top1Accuracy: 0.8800")
     assert "Top1Accuracy: 0.8800" in caplog.text
+
+
+def test_inference_jobs_name_a_missing_input_before_spark(tmp_path):
+    inference_inputs = pytest.importorskip("inference_inputs")
+    predict = pytest.importorskip("predict")
+    arguments = predict.parse_arguments(
+        ["m.bigdl", "--input", str(tmp_path / "missing.parquet"), "--output", "o"]
+    )
+    with pytest.raises(SystemExit, match="missing.parquet' does not exist"):
+        inference_inputs.check_input_location(arguments)
+    arguments = predict.parse_arguments(["m.bigdl", "--data", str(tmp_path), "--output", "o"])
+    with pytest.raises(SystemExit, match="--data: Fashion-MNIST test files not found"):
+        inference_inputs.check_input_location(arguments)
