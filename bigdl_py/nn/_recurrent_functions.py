@@ -1,15 +1,22 @@
 """The recurrences of one LSTM or GRU layer, both directions at once, as fused ``Function``s.
 
-The input projection ``x @ W_ih.T + b_ih`` of every time step and of both directions is one
-GEMM done before the recurrence (by ``ops.linear`` in ``recurrent.py``, with the directions'
-``W_ih`` stacked); what is left, ``h_{t-1} @ W_hh.T`` and the gate arithmetic, runs here in
-one Python loop over time on raw arrays. A bidirectional layer runs its two directions in
-the same loop: at step ``s`` the forward direction reads time ``s`` and the reverse one time
-``T - 1 - s``, so each step is one batched matmul and one array operation per gate formula
-for both, instead of two of each (per-call overhead is much of a step's cost at the batch
-and hidden sizes of text models). The backward is back-propagation through time written out
-by hand, and each layer is a single graph node, so a sequence of any length adds no depth
-to the backward walk.
+Each layer is a single graph node, so a sequence of any length adds no depth to the backward
+walk. Inside, per direction: the input projection ``x @ W_ih.T + b`` of every time step is
+one GEMM, written straight into the recurrence's layout; what is left, ``h_{t-1} @ W_hh.T``
+and the gate arithmetic, runs in a Python loop over time on raw arrays; the backward is
+back-propagation through time written out by hand, then the weights' gradients over all
+steps, one GEMM each.
+
+Both directions of a bidirectional layer share the work: at step ``s`` the forward
+direction reads time ``s`` and the reverse one time ``T - 1 - s``. On one BLAS thread (and
+on a GPU) they run in the same loop, each step one batched matmul and one array operation
+per gate formula for both, instead of two of each (per-call overhead is much of a step's
+cost at the sizes of text models). When BLAS may use more threads, each direction runs on
+its own thread with BLAS held to one thread (``conv_tiles.for_each_tile``): a step's small
+GEMMs (32 x 128 x 512 in the bench) gain nothing from splitting, and on a shared machine
+each one's barrier between BLAS threads often waits for a descheduled thread (the
+per-step matmuls of the bench's LSTM took 10-30x the one-thread wall time at two threads
+under load).
 
 Gate layouts are PyTorch's: LSTM ``[i, f, g, o]``, GRU ``[r, z, n]``, stacked along the
 first axis of the weights. Inside, arrays are ``(D, T, N, ...)``: direction, step (in each
@@ -21,6 +28,7 @@ from __future__ import annotations
 
 from bigdl_py import backend
 from bigdl_py.autograd.function import Function
+from bigdl_py.autograd.ops import conv_tiles
 
 
 class _GateActivations:
@@ -29,7 +37,7 @@ class _GateActivations:
     ``sigmoid(x) = 0.5 * tanh(0.5 * x) + 0.5``, so with a per-column ``scale`` (0.5 for a
     sigmoid gate, 1 for a tanh gate) and ``shift`` (0.5 or 0), one tanh over the whole row
     activates every gate, and nothing can overflow. The inner scale is applied once to the
-    inputs and the recurrent weight (exact: a power of two).
+    weights and biases (exact: a power of two).
     """
 
     def __init__(self, xp, kinds: tuple[str, ...], size: int, dtype):
@@ -48,10 +56,10 @@ class _GateActivations:
         pre_scaled += self.shift
         return pre_scaled
 
-    def scaled_transposed(self, weight_hh):
-        """``(W_hh * scale).T`` per direction, contiguous: ``(D, H, gates * H)``."""
-        xp = backend.array_module(weight_hh)
-        return xp.ascontiguousarray(xp.swapaxes(weight_hh * self.scale[:, None], 1, 2))
+    def scaled_transposed(self, weight):
+        """``(W * scale).T`` per direction, contiguous: ``(D, in, gates * H)``."""
+        xp = backend.array_module(weight)
+        return xp.ascontiguousarray(xp.swapaxes(weight * self.scale[:, None], 1, 2))
 
 
 class LSTMSequence(Function):
@@ -73,32 +81,34 @@ class LSTMSequence(Function):
         self, x, weight_ih, weight_hh, h0, c0, bias_ih=None, bias_hh=None, batch_first=True
     ):
         xp = backend.array_module(x)
-        directions, gate_width, size = weight_hh.shape
+        directions, _, size = weight_hh.shape
         activations = _GateActivations(xp, self.gate_kinds, size, x.dtype)
         # Every step's gates, pre-activation at first: the input projection with both biases
-        # and the activation's inner scale, for all steps in one GEMM per direction; each
-        # step then adds h_{t-1} @ W_hh.T and activates in place.
-        bias = None if bias_ih is None else bias_ih + bias_hh
-        inputs, gates = _project_inputs(x, weight_ih, bias, activations.scale, batch_first)
+        # and the activation's inner scale; each step then adds h_{t-1} @ W_hh.T and
+        # activates in place.
+        bias = None if bias_ih is None else (bias_ih + bias_hh) * activations.scale
+        inputs = _inputs_by_direction(x, directions, batch_first)
+        gates = _empty_gates(inputs, weight_ih)
+        scaled_weight_ih = activations.scaled_transposed(weight_ih)
         scaled_weight_hh = activations.scaled_transposed(weight_hh)
-        _, steps, batch, _ = gates.shape
-        hiddens = xp.empty((directions, steps + 1, batch, size), dtype=gates.dtype)
+        steps, batch = inputs.shape[1:3]
+        hiddens = xp.empty((directions, steps + 1, batch, size), dtype=x.dtype)  # h_0 .. h_T
         cells = xp.empty_like(hiddens)  # c_0 .. c_T
-        tanh_cells = xp.empty((directions, steps, batch, size), dtype=gates.dtype)
+        tanh_cells = xp.empty((directions, steps, batch, size), dtype=x.dtype)
         hiddens[:, 0], cells[:, 0] = h0, c0
-        hidden_part = xp.empty((directions, batch, gate_width), dtype=gates.dtype)
-        product = xp.empty((directions, batch, size), dtype=gates.dtype)
-        for t in range(steps):
-            step_gates = gates[:, t]
-            xp.matmul(hiddens[:, t], scaled_weight_hh, out=hidden_part)
-            step_gates += hidden_part
-            activations.activate_(step_gates)
-            input_gate, forget_gate, cell_candidate, output_gate = _split(step_gates, 4)
-            xp.multiply(forget_gate, cells[:, t], out=cells[:, t + 1])
-            xp.multiply(input_gate, cell_candidate, out=product)
-            cells[:, t + 1] += product
-            xp.tanh(cells[:, t + 1], out=tanh_cells[:, t])
-            xp.multiply(output_gate, tanh_cells[:, t], out=hiddens[:, t + 1])
+
+        def run(part):
+            _project(inputs[part], scaled_weight_ih[part], _part(bias, part), gates[part])
+            _lstm_steps(
+                gates[part],
+                hiddens[part],
+                cells[part],
+                tanh_cells[part],
+                scaled_weight_hh[part],
+                activations,
+            )
+
+        _for_each_direction(x, directions, run)
         self.batch_first, self.has_bias = batch_first, bias_ih is not None
         self.save_for_backward(inputs, gates, hiddens, cells, tanh_cells, weight_ih, weight_hh)
         return _to_layer_layout(hiddens[:, 1:], [hiddens[:, steps], cells[:, steps]], batch_first)
@@ -111,55 +121,99 @@ class LSTMSequence(Function):
         grad_steps = _to_steps(upstream[:steps])
         grad_hidden = _final_state(upstream[steps])
         grad_cell = _final_state(upstream[steps + 1])
-        size = grad_hidden.shape[-1]
-        # Each activated gate's derivative in one formula for the whole row: y * (m - y) +
-        # (1 - m), with m = 1 on sigmoid gates (y * (1 - y)) and 0 on tanh gates (1 - y**2).
-        activations = _GateActivations(xp, self.gate_kinds, size, gates.dtype)
-        sigmoid_columns = 2 * activations.shift  # m
-        tanh_columns = 1 - sigmoid_columns
+        activations = _GateActivations(xp, self.gate_kinds, grad_hidden.shape[-1], gates.dtype)
         grad_gates = xp.empty_like(gates)
-        # Views with the four gates on their own axis: [i, f, g, o] = [..., 0..3, :].
-        gate_blocks = gates.reshape(*gates.shape[:3], 4, size)
-        grad_blocks = grad_gates.reshape(gate_blocks.shape)
-        product = xp.empty_like(grad_hidden)
-        # Per step on small arrays that stay in cache: whole-sequence passes over the
-        # strided gate blocks measured slower.
-        for t in reversed(range(steps)):
-            grad_hidden += grad_steps[:, t]
-            step_gates, step_grad = gates[:, t], grad_gates[:, t]
-            xp.subtract(sigmoid_columns, step_gates, out=step_grad)
-            step_grad *= step_gates
-            step_grad += tanh_columns
-            blocks, grad = gate_blocks[:, t], grad_blocks[:, t]
-            tanh_cell = tanh_cells[:, t]
-            # What each gate multiplies: i with g, f with c_{t-1}, g with i, o with tanh(c_t).
-            grad[:, :, 0] *= blocks[:, :, 2]
-            grad[:, :, 1] *= cells[:, t]
-            grad[:, :, 2] *= blocks[:, :, 0]
-            grad[:, :, 3] *= tanh_cell
-            # The cell's gradient through h_t = o * tanh(c_t).
-            xp.multiply(tanh_cell, tanh_cell, out=product)
-            xp.subtract(1, product, out=product)
-            product *= blocks[:, :, 3]
-            product *= grad_hidden
-            grad_cell += product
-            grad[:, :, :3] *= grad_cell[:, :, None, :]  # i, f and g act through the cell
-            grad[:, :, 3] *= grad_hidden  # o through the hidden state
-            grad_cell *= blocks[:, :, 1]
-            xp.matmul(step_grad, weight_hh, out=grad_hidden)
-        grad_x, grad_weight_ih = _input_gradients(
-            grad_gates, inputs, weight_ih, self.needs_input_grad[0], self.batch_first
-        )
-        grad_bias = grad_gates.sum(axis=(1, 2)) if self.has_bias else None
+        gradients = _WeightGradients(inputs, weight_ih, weight_hh, self.needs_input_grad[0])
+
+        def run(part):
+            _lstm_steps_backward(
+                grad_steps[part],
+                grad_hidden[part],
+                grad_cell[part],
+                gates[part],
+                cells[part],
+                tanh_cells[part],
+                weight_hh[part],
+                activations,
+                grad_gates[part],
+            )
+            gradients.add(part, grad_gates[part], grad_gates[part], hiddens[part])
+
+        _for_each_direction(gates, directions, run)
+        grad_bias = gradients.bias_ih if self.has_bias else None
         return (
-            grad_x,
-            grad_weight_ih,
-            _weight_gradient(grad_gates, hiddens),
+            gradients.layer_input(self.batch_first),
+            gradients.weight_ih,
+            gradients.weight_hh,
             grad_hidden,
             grad_cell,
             grad_bias,  # bias_ih and bias_hh enter the gates alike
             grad_bias,
         )
+
+
+def _lstm_steps(gates, hiddens, cells, tanh_cells, scaled_weight_hh, activations) -> None:
+    """The LSTM recurrence of a block of directions, in place: ``gates`` hold the scaled
+    input projections on entry and the activated gates on exit; ``hiddens[:, 0]`` and
+    ``cells[:, 0]`` hold the initial states."""
+    xp = backend.array_module(gates)
+    directions, steps, batch, gate_width = gates.shape
+    hidden_part = xp.empty((directions, batch, gate_width), dtype=gates.dtype)
+    product = xp.empty((directions, batch, gate_width // 4), dtype=gates.dtype)
+    for t in range(steps):
+        step_gates = gates[:, t]
+        xp.matmul(hiddens[:, t], scaled_weight_hh, out=hidden_part)
+        step_gates += hidden_part
+        activations.activate_(step_gates)
+        input_gate, forget_gate, cell_candidate, output_gate = _split(step_gates, 4)
+        xp.multiply(forget_gate, cells[:, t], out=cells[:, t + 1])
+        xp.multiply(input_gate, cell_candidate, out=product)
+        cells[:, t + 1] += product
+        xp.tanh(cells[:, t + 1], out=tanh_cells[:, t])
+        xp.multiply(output_gate, tanh_cells[:, t], out=hiddens[:, t + 1])
+
+
+def _lstm_steps_backward(
+    grad_steps, grad_hidden, grad_cell, gates, cells, tanh_cells, weight_hh, activations, out
+) -> None:
+    """Back-propagation through time of a block of directions: writes the pre-activation
+    gates' gradients into ``out``; ``grad_hidden`` and ``grad_cell`` hold the final states'
+    gradients on entry and the initial states' on exit."""
+    xp = backend.array_module(gates)
+    size = grad_hidden.shape[-1]
+    # Each activated gate's derivative in one formula for the whole row: y * (m - y) +
+    # (1 - m), with m = 1 on sigmoid gates (y * (1 - y)) and 0 on tanh gates (1 - y**2).
+    sigmoid_columns = 2 * activations.shift  # m
+    tanh_columns = 1 - sigmoid_columns
+    # Views with the four gates on their own axis: [i, f, g, o] = [..., 0..3, :].
+    gate_blocks = gates.reshape(*gates.shape[:3], 4, size)
+    grad_blocks = out.reshape(gate_blocks.shape)
+    product = xp.empty_like(grad_hidden)
+    # Per step on small arrays that stay in cache: whole-sequence passes over the strided
+    # gate blocks measured slower.
+    for t in reversed(range(gates.shape[1])):
+        grad_hidden += grad_steps[:, t]
+        step_gates, step_grad = gates[:, t], out[:, t]
+        xp.subtract(sigmoid_columns, step_gates, out=step_grad)
+        step_grad *= step_gates
+        step_grad += tanh_columns
+        blocks, grad = gate_blocks[:, t], grad_blocks[:, t]
+        tanh_cell = tanh_cells[:, t]
+        # What each gate multiplies: i with g, f with c_{t-1}, g with i, o with tanh(c_t).
+        grad[:, :, 0] *= blocks[:, :, 2]
+        grad[:, :, 1] *= cells[:, t]
+        grad[:, :, 2] *= blocks[:, :, 0]
+        grad[:, :, 3] *= tanh_cell
+        # The cell's gradient through h_t = o * tanh(c_t).
+        xp.multiply(tanh_cell, tanh_cell, out=product)
+        xp.subtract(1, product, out=product)
+        product *= blocks[:, :, 3]
+        product *= grad_hidden
+        grad_cell += product
+        grad[:, :, :3] *= grad_cell[:, :, None, :]  # i, f and g act through the cell
+        grad[:, :, 3] *= grad_hidden  # o through the hidden state
+        grad_cell *= blocks[:, :, 1]
+        xp.matmul(step_grad, weight_hh, out=grad_hidden)
 
 
 class GRUSequence(Function):
@@ -177,37 +231,34 @@ class GRUSequence(Function):
 
     def forward(self, x, weight_ih, weight_hh, h0, bias_ih=None, bias_hh=None, batch_first=True):
         xp = backend.array_module(x)
-        directions, gate_width, size = weight_hh.shape
+        directions, _, size = weight_hh.shape
         activations = _GateActivations(xp, self.gate_kinds, size, x.dtype)
         # r and z add the input and hidden projections before activating, n does not
         # (r multiplies n's hidden part first); all three blocks get the inner scale.
-        inputs, gates = _project_inputs(x, weight_ih, bias_ih, activations.scale, batch_first)
+        scaled_bias_ih = None if bias_ih is None else bias_ih * activations.scale
+        scaled_bias_hh = None if bias_hh is None else bias_hh * activations.scale
+        inputs = _inputs_by_direction(x, directions, batch_first)
+        gates = _empty_gates(inputs, weight_ih)
+        scaled_weight_ih = activations.scaled_transposed(weight_ih)
         scaled_weight_hh = activations.scaled_transposed(weight_hh)
-        scaled_bias_hh = None if bias_hh is None else (bias_hh * activations.scale)[:, None, :]
-        _, steps, batch, _ = gates.shape
-        hiddens = xp.empty((directions, steps + 1, batch, size), dtype=gates.dtype)
+        steps, batch = inputs.shape[1:3]
+        hiddens = xp.empty((directions, steps + 1, batch, size), dtype=x.dtype)
         # h @ W_hn.T + b_hn of every step
-        hidden_candidates = xp.empty((directions, steps, batch, size), dtype=gates.dtype)
+        hidden_candidates = xp.empty((directions, steps, batch, size), dtype=x.dtype)
         hiddens[:, 0] = h0
-        hidden_part = xp.empty((directions, batch, gate_width), dtype=gates.dtype)
-        input_candidate = xp.empty((directions, batch, size), dtype=gates.dtype)
-        for t in range(steps):
-            xp.matmul(hiddens[:, t], scaled_weight_hh, out=hidden_part)
-            if scaled_bias_hh is not None:
-                hidden_part += scaled_bias_hh
-            step_gates = gates[:, t]
-            input_candidate[...] = step_gates[..., 2 * size :]
-            hidden_candidates[:, t] = hidden_part[..., 2 * size :]
-            step_gates += hidden_part
-            activations.activate_(step_gates)  # r and z are right; n is redone below
-            reset_gate, update_gate, candidate = _split(step_gates, 3)
-            xp.multiply(reset_gate, hidden_candidates[:, t], out=hidden_part[..., :size])
-            input_candidate += hidden_part[..., :size]
-            xp.tanh(input_candidate, out=candidate)
-            # h_t = (1 - z) * n + z * h_{t-1}, with one multiply.
-            xp.subtract(hiddens[:, t], candidate, out=hiddens[:, t + 1])
-            hiddens[:, t + 1] *= update_gate
-            hiddens[:, t + 1] += candidate
+
+        def run(part):
+            _project(inputs[part], scaled_weight_ih[part], _part(scaled_bias_ih, part), gates[part])
+            _gru_steps(
+                gates[part],
+                hiddens[part],
+                hidden_candidates[part],
+                scaled_weight_hh[part],
+                _part(scaled_bias_hh, part),
+                activations,
+            )
+
+        _for_each_direction(x, directions, run)
         self.batch_first, self.has_bias = batch_first, bias_ih is not None
         self.save_for_backward(inputs, gates, hiddens, hidden_candidates, weight_ih, weight_hh)
         return _to_layer_layout(hiddens[:, 1:], [hiddens[:, steps]], batch_first)
@@ -223,32 +274,158 @@ class GRUSequence(Function):
         # (the hidden part of n is scaled by r).
         grad_input_gates = xp.empty_like(gates)
         grad_hidden_gates = xp.empty_like(gates)
-        for t in reversed(range(steps)):
-            grad_hidden += grad_steps[:, t]
-            reset_gate, update_gate, candidate = _split(gates[:, t], 3)
-            grad_reset, grad_update, grad_candidate = _split(grad_input_gates[:, t], 3)
-            grad_candidate[...] = grad_hidden * (1 - update_gate) * (1 - candidate * candidate)
-            grad_update[...] = grad_hidden * (hiddens[:, t] - candidate)
-            grad_update *= update_gate * (1 - update_gate)
-            grad_reset[...] = grad_candidate * hidden_candidates[:, t]
-            grad_reset *= reset_gate * (1 - reset_gate)
-            hidden_gates = grad_hidden_gates[:, t]
-            hidden_gates[...] = grad_input_gates[:, t]
-            _, _, grad_hidden_candidate = _split(hidden_gates, 3)
-            grad_hidden_candidate *= reset_gate
-            grad_hidden *= update_gate
-            grad_hidden += hidden_gates @ weight_hh
-        grad_x, grad_weight_ih = _input_gradients(
-            grad_input_gates, inputs, weight_ih, self.needs_input_grad[0], self.batch_first
-        )
+        gradients = _WeightGradients(inputs, weight_ih, weight_hh, self.needs_input_grad[0])
+
+        def run(part):
+            _gru_steps_backward(
+                grad_steps[part],
+                grad_hidden[part],
+                gates[part],
+                hiddens[part],
+                hidden_candidates[part],
+                weight_hh[part],
+                grad_input_gates[part],
+                grad_hidden_gates[part],
+            )
+            gradients.add(part, grad_input_gates[part], grad_hidden_gates[part], hiddens[part])
+
+        _for_each_direction(gates, directions, run)
         return (
-            grad_x,
-            grad_weight_ih,
-            _weight_gradient(grad_hidden_gates, hiddens),
+            gradients.layer_input(self.batch_first),
+            gradients.weight_ih,
+            gradients.weight_hh,
             grad_hidden,
-            grad_input_gates.sum(axis=(1, 2)) if self.has_bias else None,
-            grad_hidden_gates.sum(axis=(1, 2)) if self.has_bias else None,
+            gradients.bias_ih if self.has_bias else None,
+            gradients.bias_hh if self.has_bias else None,
         )
+
+
+def _gru_steps(gates, hiddens, hidden_candidates, scaled_weight_hh, scaled_bias_hh, activations):
+    """The GRU recurrence of a block of directions, in place (see ``_lstm_steps``);
+    ``hidden_candidates`` receives ``h_{t-1} @ W_hn.T + b_hn`` of every step."""
+    xp = backend.array_module(gates)
+    directions, steps, batch, gate_width = gates.shape
+    size = gate_width // 3
+    hidden_part = xp.empty((directions, batch, gate_width), dtype=gates.dtype)
+    input_candidate = xp.empty((directions, batch, size), dtype=gates.dtype)
+    for t in range(steps):
+        xp.matmul(hiddens[:, t], scaled_weight_hh, out=hidden_part)
+        if scaled_bias_hh is not None:
+            hidden_part += scaled_bias_hh[:, None, :]
+        step_gates = gates[:, t]
+        input_candidate[...] = step_gates[..., 2 * size :]
+        hidden_candidates[:, t] = hidden_part[..., 2 * size :]
+        step_gates += hidden_part
+        activations.activate_(step_gates)  # r and z are right; n is redone below
+        reset_gate, update_gate, candidate = _split(step_gates, 3)
+        xp.multiply(reset_gate, hidden_candidates[:, t], out=hidden_part[..., :size])
+        input_candidate += hidden_part[..., :size]
+        xp.tanh(input_candidate, out=candidate)
+        # h_t = (1 - z) * n + z * h_{t-1}, with one multiply.
+        xp.subtract(hiddens[:, t], candidate, out=hiddens[:, t + 1])
+        hiddens[:, t + 1] *= update_gate
+        hiddens[:, t + 1] += candidate
+
+
+def _gru_steps_backward(
+    grad_steps,
+    grad_hidden,
+    gates,
+    hiddens,
+    hidden_candidates,
+    weight_hh,
+    grad_input_gates,
+    grad_hidden_gates,
+) -> None:
+    """Back-propagation through time of a block of GRU directions (see
+    ``_lstm_steps_backward``): the input and the hidden projections' gate gradients."""
+    for t in reversed(range(gates.shape[1])):
+        grad_hidden += grad_steps[:, t]
+        reset_gate, update_gate, candidate = _split(gates[:, t], 3)
+        grad_reset, grad_update, grad_candidate = _split(grad_input_gates[:, t], 3)
+        grad_candidate[...] = grad_hidden * (1 - update_gate) * (1 - candidate * candidate)
+        grad_update[...] = grad_hidden * (hiddens[:, t] - candidate)
+        grad_update *= update_gate * (1 - update_gate)
+        grad_reset[...] = grad_candidate * hidden_candidates[:, t]
+        grad_reset *= reset_gate * (1 - reset_gate)
+        hidden_gates = grad_hidden_gates[:, t]
+        hidden_gates[...] = grad_input_gates[:, t]
+        _, _, grad_hidden_candidate = _split(hidden_gates, 3)
+        grad_hidden_candidate *= reset_gate
+        grad_hidden *= update_gate
+        grad_hidden += hidden_gates @ weight_hh
+
+
+# --- running the directions -----------------------------------------------------------------
+def _for_each_direction(like, directions: int, work) -> None:
+    """Call ``work(part)`` for slices ``part`` of the direction axis that cover it: one slice
+    of all directions on the calling thread, or one direction per thread (BLAS held to one
+    thread meanwhile) when BLAS may use several and there are two directions."""
+    on_gpu = backend.is_cupy_array(like)
+    workers = 1 if on_gpu else conv_tiles.worker_count()
+    size = 1 if workers > 1 else directions
+    conv_tiles.for_each_tile(
+        directions, size, lambda first, last, _: work(slice(first, last)), on_gpu=on_gpu
+    )
+
+
+def _part(array, part):
+    """``array[part]``, or None for None."""
+    return None if array is None else array[part]
+
+
+def _project(inputs, scaled_weight_t, scaled_bias, gates) -> None:
+    """``gates = inputs @ W.T + b`` (scaled) for a block of directions, one GEMM each."""
+    xp = backend.array_module(inputs)
+    directions, steps, batch, features = inputs.shape
+    flat_gates = gates.reshape(directions, steps * batch, gates.shape[-1])  # a view
+    xp.matmul(inputs.reshape(directions, steps * batch, features), scaled_weight_t, out=flat_gates)
+    if scaled_bias is not None:
+        flat_gates += scaled_bias[:, None, :]
+
+
+class _WeightGradients:
+    """The gradients of ``W_ih``, ``W_hh``, the biases and the layer input, filled in one
+    block of directions at a time (each block by the thread that ran its recurrence)."""
+
+    def __init__(self, inputs, weight_ih, weight_hh, needs_input: bool):
+        xp = backend.array_module(inputs)
+        self.inputs = inputs
+        self.weight_ih_value = weight_ih
+        self.weight_ih = xp.empty_like(weight_ih)
+        self.weight_hh = xp.empty_like(weight_hh)
+        self.bias_ih = xp.empty(weight_ih.shape[:2], dtype=weight_ih.dtype)
+        self.bias_hh = xp.empty_like(self.bias_ih)
+        self.inputs_grad = xp.empty_like(inputs) if needs_input else None
+
+    def add(self, part, grad_input_gates, grad_hidden_gates, hiddens) -> None:
+        """Fill in ``part``'s gradients from its gates' gradients (those of the input and
+        of the hidden projection: the same array for an LSTM) and its hidden states."""
+        xp = backend.array_module(grad_input_gates)
+        directions, steps, batch, gate_width = grad_input_gates.shape
+        flat_input_gates = grad_input_gates.reshape(directions, steps * batch, gate_width)
+        flat_hidden_gates = grad_hidden_gates.reshape(directions, steps * batch, gate_width)
+        inputs = self.inputs[part]
+        flat_inputs = inputs.reshape(directions, steps * batch, inputs.shape[-1])
+        previous_hiddens = hiddens[:, :steps].reshape(directions, steps * batch, -1)
+        xp.matmul(xp.swapaxes(flat_input_gates, 1, 2), flat_inputs, out=self.weight_ih[part])
+        xp.matmul(xp.swapaxes(flat_hidden_gates, 1, 2), previous_hiddens, out=self.weight_hh[part])
+        flat_input_gates.sum(axis=1, out=self.bias_ih[part])
+        flat_hidden_gates.sum(axis=1, out=self.bias_hh[part])
+        if self.inputs_grad is not None:
+            inputs_grad = self.inputs_grad[part].reshape(flat_inputs.shape)  # a view
+            xp.matmul(flat_input_gates, self.weight_ih_value[part], out=inputs_grad)
+
+    def layer_input(self, batch_first: bool):
+        """The layer input's gradient (None if not needed): the directions' parts summed,
+        back in time order and the layer's layout."""
+        if self.inputs_grad is None:
+            return None
+        grad_x = _to_layer_layout(self.inputs_grad[:1], [], batch_first)
+        if self.inputs_grad.shape[0] == 2:
+            target = _time_major_blocks(grad_x, 1, batch_first)[:, :, 0]
+            target += self.inputs_grad[1, ::-1]
+        return grad_x
 
 
 # --- layout helpers -----------------------------------------------------------------------
@@ -266,21 +443,29 @@ def _time_major_blocks(array, directions: int, batch_first: bool):
     return xp.swapaxes(blocks, 0, 1) if batch_first else blocks
 
 
-def _to_steps(time_major_blocks, bias=None):
+def _to_steps(time_major_blocks):
     """A new contiguous ``(D, T, N, K)`` array, each direction in its reading order (the
-    reverse one back to front), plus ``bias (D, K)`` if given."""
+    reverse one back to front)."""
     xp = backend.array_module(time_major_blocks)
     steps, batch, directions, size = time_major_blocks.shape
     result = xp.empty((directions, steps, batch, size), dtype=time_major_blocks.dtype)
     for direction in range(directions):
         source = time_major_blocks[:, :, direction]
-        if direction:
-            source = source[::-1]
-        if bias is None:
-            result[direction] = source
-        else:
-            xp.add(source, bias[direction], out=result[direction])
+        result[direction] = source[::-1] if direction else source
     return result
+
+
+def _inputs_by_direction(x, directions: int, batch_first: bool):
+    """The layer input as each direction reads it, ``(D, T, N, F)``, contiguous."""
+    xp = backend.array_module(x)
+    time_major = _time_major_blocks(x, 1, batch_first)  # (T, N, 1, F)
+    return _to_steps(xp.broadcast_to(time_major, (*time_major.shape[:2], directions, x.shape[-1])))
+
+
+def _empty_gates(inputs, weight_ih):
+    """An uninitialised ``(D, T, N, gates * H)`` array for the gates."""
+    xp = backend.array_module(inputs)
+    return xp.empty((*inputs.shape[:3], weight_ih.shape[1]), dtype=inputs.dtype)
 
 
 def _final_state(time_major_row):
@@ -304,49 +489,3 @@ def _to_layer_layout(steps_array, final_rows: list, batch_first: bool):
     for row, final in enumerate(final_rows):
         target[steps + row] = xp.swapaxes(final, 0, 1)
     return result
-
-
-def _project_inputs(x, weight_ih, bias, scale, batch_first: bool) -> tuple:
-    """The layer input of each direction in its reading order, ``(D, T, N, F)``, and the
-    gates' input projections ``(x @ W_ih.T + bias) * scale``, ``(D, T, N, gates * H)``: one
-    GEMM per direction over all steps, written in the recurrence's layout (no copy of the
-    wide gates array to reorder it)."""
-    xp = backend.array_module(x)
-    directions, gate_width, features = weight_ih.shape
-    time_major = _time_major_blocks(x, 1, batch_first)  # (T, N, 1, F)
-    inputs = _to_steps(xp.broadcast_to(time_major, (*time_major.shape[:2], directions, features)))
-    _, steps, batch, _ = inputs.shape
-    scaled_weight_t = xp.swapaxes(weight_ih * scale[:, None], 1, 2)  # (D, F, gates * H)
-    gates = xp.matmul(inputs.reshape(directions, steps * batch, features), scaled_weight_t)
-    if bias is not None:
-        gates += (bias * scale)[:, None, :]
-    return inputs, gates.reshape(directions, steps, batch, gate_width)
-
-
-def _input_gradients(grad_gates, inputs, weight_ih, needs_x: bool, batch_first: bool) -> tuple:
-    """The gradients of the layer input (None unless ``needs_x``; the directions' parts
-    summed, back in time order and the layer's layout) and of ``weight_ih``."""
-    xp = backend.array_module(grad_gates)
-    directions, steps, batch, gate_width = grad_gates.shape
-    flat_grad = grad_gates.reshape(directions, steps * batch, gate_width)
-    flat_inputs = inputs.reshape(directions, steps * batch, inputs.shape[-1])
-    grad_weight_ih = xp.matmul(xp.swapaxes(flat_grad, 1, 2), flat_inputs)
-    if not needs_x:
-        return None, grad_weight_ih
-    grad_inputs = xp.matmul(flat_grad, weight_ih).reshape(inputs.shape)
-    grad_x = _to_layer_layout(grad_inputs[:1], [], batch_first)
-    if directions == 2:
-        target = _time_major_blocks(grad_x, 1, batch_first)[:, :, 0]
-        target += grad_inputs[1, ::-1]
-    return grad_x, grad_weight_ih
-
-
-def _weight_gradient(grad_gates, hiddens):
-    """``sum_t grad_gates[:, t].T @ h_{t-1}`` per direction: ``W_hh``'s gradient, one GEMM
-    per direction over all steps."""
-    xp = backend.array_module(grad_gates)
-    directions, steps, batch, gate_width = grad_gates.shape
-    size = hiddens.shape[-1]
-    flat_grad = grad_gates.reshape(directions, steps * batch, gate_width)
-    flat_hiddens = hiddens[:, :steps].reshape(directions, steps * batch, size)
-    return xp.matmul(xp.swapaxes(flat_grad, 1, 2), flat_hiddens)
