@@ -159,7 +159,7 @@ def _result_type(return_type: Any, output: str) -> tuple[Any, tuple[np.dtype, bo
     if return_type is None:
         return_type = T.DoubleType() if output == "class" else T.ArrayType(T.FloatType())
     elif isinstance(return_type, str):
-        return_type = T._parse_datatype_string(return_type)
+        return_type = T.DataType.fromDDL(return_type)
     element = return_type.elementType if isinstance(return_type, T.ArrayType) else return_type
     dtypes = {
         T.FloatType: np.float32,
