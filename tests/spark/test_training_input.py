@@ -172,3 +172,31 @@ def test_skewed_dataframe_partitions_are_named_and_rebalanced(spark, sc, rng):
         blocks = prepare_training_input(frame, sc, 3, _model(), nn.NLLLoss())
     after = blocks.map(lambda batch: len(batch.labels)).collect()
     assert sum(after) == sum(sizes) and max(after) - min(after) < max(sizes) - min(sizes)
+
+
+def test_distri_optimizer_trains_on_double_labels_and_refuses_bad_ones(spark, rng):
+    from bigdl_py.optim import SGD
+    from bigdl_py.spark.distri_optimizer import DistriOptimizer
+    from bigdl_py.train import MaxIteration
+
+    features, labels = _data(rng, rows=16)
+    frame = _dataframe(spark, features, labels)  # labels as doubles, Spark ML's convention
+
+    def optimizer(data):
+        return DistriOptimizer(
+            _model(),
+            data,
+            nn.NLLLoss(),
+            SGD(lr=0.1),
+            batch_size=8,
+            end_trigger=MaxIteration(2),
+            num_partitions=2,
+            progress=False,
+        )
+
+    with optimizer(frame) as trained:
+        trained.optimize()
+    assert trained.state.iteration == 2
+    labels[9] = CLASSES
+    with pytest.raises(ValueError, match=rf"label {CLASSES} .*outside the model's {CLASSES}"):
+        optimizer(_dataframe(spark, features, labels))
