@@ -411,7 +411,8 @@ class _WeightGradients:
         xp.matmul(xp.swapaxes(flat_input_gates, 1, 2), flat_inputs, out=self.weight_ih[part])
         xp.matmul(xp.swapaxes(flat_hidden_gates, 1, 2), previous_hiddens, out=self.weight_hh[part])
         flat_input_gates.sum(axis=1, out=self.bias_ih[part])
-        flat_hidden_gates.sum(axis=1, out=self.bias_hh[part])
+        if grad_hidden_gates is not grad_input_gates:  # an LSTM's two biases share one sum
+            flat_hidden_gates.sum(axis=1, out=self.bias_hh[part])
         if self.inputs_grad is not None:
             inputs_grad = self.inputs_grad[part].reshape(flat_inputs.shape)  # a view
             xp.matmul(flat_input_gates, self.weight_ih_value[part], out=inputs_grad)

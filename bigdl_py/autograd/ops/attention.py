@@ -15,7 +15,7 @@ import math
 
 from bigdl_py import backend
 from bigdl_py.autograd.function import Function
-from bigdl_py.autograd.ops.misc import _uniform
+from bigdl_py.autograd.ops.misc import _keep_mask
 
 __all__ = ["scaled_dot_product_attention"]
 
@@ -39,7 +39,7 @@ class ScaledDotProductAttention(Function):
         self.dropout_scale = query.dtype.type(1.0 / (1.0 - dropout_p) if dropout_p < 1 else 0.0)
         dropped = weights
         if dropout_p > 0:
-            keep = _uniform(weights.shape, weights, rng) >= dropout_p
+            keep = _keep_mask(weights.shape, dropout_p, weights, rng)
             dropped = weights * keep
             dropped *= self.dropout_scale
         self.save_for_backward(query, key, value, weights, keep)
