@@ -65,6 +65,7 @@ from bigdl_py import nn  # noqa: E402
 from bigdl_py.models import lenet5  # noqa: E402
 from bigdl_py.optim import SGD  # noqa: E402
 from bigdl_py.spark.distri_optimizer import DistriOptimizer  # noqa: E402
+from bigdl_py.spark.partitioned_data import run_directory  # noqa: E402
 from bigdl_py.spark.session import get_spark  # noqa: E402
 from bigdl_py.train import LocalOptimizer, MaxIteration  # noqa: E402
 
@@ -145,7 +146,7 @@ def summarise(records, warmup):
         "spark": job / iterations - compute["forward_backward"] - compute["update"],
         "driver": (wall - job) / iterations,
     }
-    if all("to_first_task" in timings for _, _, timings in kept):
+    if all(phase in timings for phase in PHASES for _, _, timings in kept):
         for phase in PHASES:
             summary[phase] = statistics.median(timings[phase] for _, _, timings in kept)
     return summary
@@ -429,7 +430,7 @@ def bench_long(iterations, mode, every=100):
             worker_rss = max(sc.parallelize(range(2), 2).mapPartitions(python_worker_rss).collect())
             shuffle_files = len(glob.glob(os.path.join(local_dir, "blockmgr-*", "*", "shuffle_*")))
             state_files = len(
-                glob.glob(os.path.join(run.spec.state_dir, f"bigdl_py-run-{run.spec.run_id}", "*"))
+                glob.glob(os.path.join(run_directory(run.spec.state_dir, run.spec.run_id), "*"))
             )
             heap = (runtime.totalMemory() - runtime.freeMemory()) / 2**20
             print(

@@ -134,6 +134,7 @@ class SparkRunner(IterationRunner):
             gradient_accumulation=self.options["gradient_accumulation"],
             device=self.options["device"],
             mode=self.mode,
+            carry_state=not self.options.get("shared_disk", True),
         )
         self._resume_states = None
         self._pending_metric = None
@@ -347,6 +348,9 @@ class DistriOptimizer(BaseOptimizer):
         early at the end of an epoch and wherever a trigger (end, validation, checkpoint)
         fires; it is one iteration long with global-norm clipping or a trigger that reads the
         training loss (``MinLoss``). Progress and summaries arrive a chain at a time.
+        Where the executors share no disk, each job's last update also returns the optimizer
+        state, which the driver ships to the next job's first update (a task on another host
+        finds no state file): the state's bytes cross the network once per job.
     update : {"auto", "sharded", "replicated", "local-sgd"} or a training mode object
         How the partitions' gradients become new weights (one file per mode in
         :mod:`bigdl_py.spark.modes`). ``"sharded"`` (BigDL's AllReduce): partition ``j``
@@ -406,7 +410,7 @@ class DistriOptimizer(BaseOptimizer):
         wire_dtype: str | None = None,
         gradient_accumulation: int = 1,
         iterations_per_job: int | None = None,
-        update: str | TrainingMode = "sharded",
+        update: str | TrainingMode = "auto",
         seed: int = 0,
         shuffle: bool = True,
         device: str = "cpu",

@@ -124,6 +124,17 @@ def keep_shard(
     _state_store(spec, shard).save(iteration, method.state_dict(), retain_from)
 
 
+def travelling_state(spec: RunSpec, shard: int, iteration: int, bounds: list) -> dict | None:
+    """Partition ``shard``'s optimizer state after ``iteration`` as a checkpoint holds it, for
+    the driver to ship to the next job (``spec.carry_state``); None where hosts share a disk."""
+    if not spec.carry_state:
+        return None
+    method = worker.lookup(spec.run_id, state_key(spec, shard), version=iteration)
+    if method is None:  # recorded by keep_shard in this task just before
+        raise RuntimeError(f"the optimizer state of partition {shard} after {iteration} is lost")
+    return spec.mode.checkpoint_state(method.state_dict(), shard, bounds)
+
+
 def clip_summed_slice(spec: RunSpec, summed: np.ndarray) -> np.ndarray:
     """Constant clipping, in place, as the local loop applies it (before the L2 norm)."""
     if spec.constant_clipping is not None:

@@ -54,9 +54,10 @@ def python_error_text(error: Exception) -> str:
     return python_lines[-1] if python_lines else text.strip().splitlines()[0]
 
 
-def run_directory(state_dir: str, run_id: str) -> str:
-    """This run's directory on the host (data files, optimizer state files)."""
-    path = os.path.join(state_dir, f"bigdl_py-run-{run_id}")
+def run_directory(state_dir: str | None, run_id: str) -> str:
+    """This run's directory on the host (data files, optimizer state files); ``state_dir``
+    None is the host's own default (:func:`default_state_dir`, read where the task runs)."""
+    path = os.path.join(state_dir or default_state_dir(), f"bigdl_py-run-{run_id}")
     os.makedirs(path, exist_ok=True)
     return path
 
@@ -252,7 +253,9 @@ class PartitionedData:
         self.sources = list(sources)
         self.num_partitions = int(num_partitions)
         self.data_id = "data-" + uuid.uuid4().hex[:12]
-        self.state_dir = state_dir or default_state_dir()
+        # None: each host's own default directory, resolved where the task runs (hosts that
+        # share no disk each keep their files in their own temporary directory).
+        self.state_dir = state_dir
         if rdd.getNumPartitions() != self.num_partitions:
             rdd = rdd.repartition(self.num_partitions)
         data_id, state_dir = self.data_id, self.state_dir
@@ -300,13 +303,13 @@ class PartitionedData:
         self.sources = []
 
 
-def remove_run_everywhere(sc, state_dir: str, run_id: str, count: int) -> None:
+def remove_run_everywhere(sc, state_dir: str | None, run_id: str, count: int) -> None:
     """Drop run ``run_id``'s worker caches and delete its files on every executor and here."""
 
     def clean(_, rows):
         drain(rows)
         worker.release_run(run_id)
-        shutil.rmtree(os.path.join(state_dir, f"bigdl_py-run-{run_id}"), ignore_errors=True)
+        shutil.rmtree(run_directory(state_dir, run_id), ignore_errors=True)
         yield 0
 
     try:
@@ -315,7 +318,7 @@ def remove_run_everywhere(sc, state_dir: str, run_id: str, count: int) -> None:
     except Exception:  # clean-up is best effort; a dead executor's files went with it
         pass
     finally:
-        shutil.rmtree(os.path.join(state_dir, f"bigdl_py-run-{run_id}"), ignore_errors=True)
+        shutil.rmtree(run_directory(state_dir, run_id), ignore_errors=True)
 
 
 def prepare_training(

@@ -41,7 +41,7 @@ class RunSpec:
     num_partitions: int
     flat_size: int
     batch_size: int
-    state_dir: str
+    state_dir: str | None  # None: each host's own default (partitioned_data.run_directory)
     seed: int = 0
     wire_dtype: str | None = None
     constant_clipping: Any = None  # a ConstantClipping
@@ -51,6 +51,9 @@ class RunSpec:
     # The training mode (bigdl_py.spark.modes): how the summed gradient becomes new weights,
     # and how the optimizer state is laid out over the partitions.
     mode: Any = None
+    # Where the executors share no disk, a host-local state file cannot be found by a task
+    # on another host: the optimizer state then travels with the jobs, through the driver.
+    carry_state: bool = False
     extras: dict = field(default_factory=dict)
     # Custom training steps (bigdl_py.spark.distri_trainer): the dotted name of the submodule
     # whose parameters this run trains (None: the whole model; the others are frozen and

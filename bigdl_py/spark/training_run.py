@@ -274,7 +274,12 @@ class SparkTrainingRun:
         count = chain.count
         results.sort(key=lambda record: record[0])
         self.weights = np.concatenate([np.asarray(record[1]) for record in results])
-        self.initial_optim_states = None  # the partitions now keep their own state
+        # The partitions now keep their own state; where it travels (no shared disk), the
+        # next job's first update reads the state the chain's last one returned.
+        self.initial_optim_states = None
+        states = [record[5] if len(record) > 5 else None for record in results]
+        if all(state is not None for state in states):
+            self.initial_optim_states = {"iteration": chain.first + count, "shards": states}
         history, buffers = results[0][2], results[0][3]
         if buffers is not None:
             self.buffers = buffers

@@ -176,6 +176,7 @@ class _RoundRecord(NamedTuple):
     halted: bool
     history: list | None  # the chain's finished iterations, from partition 0 to 0 only
     clock: tuple[float, float]
+    state: dict | None  # its optimizer state, to itself only, where the state travels
 
 
 def _average(partition: int, rows: list, count: int):
@@ -204,7 +205,8 @@ def _average(partition: int, rows: list, count: int):
             ]
     halted = any(record.halted for record in records)
     clock = (min(r.clock[0] for r in records), max(r.clock[1] for r in records))
-    return weights, buffers, halted, history, clock
+    state = records[partition].state
+    return weights, buffers, halted, history, clock, state
 
 
 def _round_stage(chain, rounds: list, index: int, fractions: list[float]):
@@ -229,7 +231,9 @@ def _round_stage(chain, rounds: list, index: int, fractions: list[float]):
             weights, buffers, halted, history = driver_weights(), None, False, []
         else:
             handle = handles[partition]
-            weights, buffers, halted, history, clock = _average(partition, rows, num_partitions)
+            weights, buffers, halted, history, clock, state = _average(
+                partition, rows, num_partitions
+            )
             if final:  # slice j of the averaged weights to the driver
                 start, stop = bounds[partition]
                 timings = {
@@ -238,23 +242,23 @@ def _round_stage(chain, rounds: list, index: int, fractions: list[float]):
                     "update_entered": entered,
                     "update_left": time.time(),
                 }
-                yield partition, weights[start:stop], history, buffers, timings
+                yield partition, weights[start:stop], history, buffers, timings, state
                 return
         replica = worker.fetch(spec.run_id, ("replica", partition), lambda: Replica(spec, handle))
         if buffers:
             replica.load_buffers(buffers)
         losses = []
+        iteration = first + steps.start - 1  # the state's version before the round
         for step, iteration in enumerate(first + s for s in steps):
-            if halted:
-                losses.append((0.0, 0, 0.0, 0.0))
-                continue
+            # A halted partition still records its (unchanged) state: the next iteration,
+            # a retry or the next job finds every version.
             share = shares[step][partition]
             gradient, report = replica_gradient(
                 spec,
                 partition,
                 handle,
                 weights,
-                False,
+                halted,
                 share,
                 iteration,
                 False,
@@ -276,22 +280,31 @@ def _round_stage(chain, rounds: list, index: int, fractions: list[float]):
                 schedules[step],
                 owner_update.global_norm_scale(spec, gradient),
                 retain_from=retain_from,
+                halted=halted,
             )
             seconds = time.perf_counter() - update_started
             losses.append((report.loss_sum, report.samples, report.seconds, seconds))
-            halted = stop_after_nonfinite and not np.isfinite(report.loss_sum)
+            halted = halted or (stop_after_nonfinite and not np.isfinite(report.loss_sum))
         fraction = fractions[partition]
         piece = collectives.whole_piece(partition, weights * weights.dtype.type(fraction))
         own_buffers = None
         if replica.buffer_names:
             own_buffers = {name: value * fraction for name, value in replica.buffers().items()}
         clock = (entered, time.time())
+        state = owner_update.travelling_state(spec, partition, iteration, bounds)
         for destination in range(num_partitions):
             to_zero = destination == 0 and partition == 0
+            own = destination == partition
             yield (
                 destination,
                 _RoundRecord(
-                    piece, own_buffers, losses, halted, history if to_zero else None, clock
+                    piece,
+                    own_buffers,
+                    losses,
+                    halted,
+                    history if to_zero else None,
+                    clock,
+                    state if own else None,
                 ),
             )
 

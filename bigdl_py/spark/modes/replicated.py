@@ -120,7 +120,8 @@ def stage(chain, step: int, update):
             if step == count:  # the end of the chain: slice j to the driver
                 start, stop = bounds[partition]
                 end = chain_end(received, entered, started)
-                yield partition, weights[start:stop], history, *end
+                state = owner_update.travelling_state(spec, partition, updated, bounds)
+                yield partition, weights[start:stop], history, *end, state
                 return
         gradient, report = replica_gradient(
             spec,

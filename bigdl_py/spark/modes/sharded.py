@@ -120,7 +120,7 @@ def _run_clipped_iteration(run, chain, description: str) -> list[dict]:
             schedule,
             l2_scale,
         )
-        yield owner, new_slice
+        yield owner, (new_slice, owner_update.travelling_state(spec, owner, iteration, bounds))
 
     slices = dict(
         run.collect(
@@ -130,7 +130,7 @@ def _run_clipped_iteration(run, chain, description: str) -> list[dict]:
         )
     )
     results = [
-        (owner, slices[owner], history, buffers, timings)
+        (owner, slices[owner][0], history, buffers, timings, slices[owner][1])
         for owner, _, history, _, buffers, timings in norms
     ]
     return run.finish_chain(results, chain, submitted, time.time())
@@ -219,7 +219,8 @@ def _update_owned_slice(chain, step: int):
             history = history_with(received, started)
             halted = stop_after_nonfinite and not np.isfinite(received.loss_sum)
         if last:
-            yield owner, new_slice, history, *chain_end(received, entered, started)
+            state = owner_update.travelling_state(spec, owner, iteration, bounds)
+            yield owner, new_slice, history, *chain_end(received, entered, started), state
             return
         yield from collectives.payload_for_everyone(
             owner, (new_slice, halted, history), num_partitions
