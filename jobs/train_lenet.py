@@ -102,9 +102,12 @@ def parse_arguments(argv=None) -> argparse.Namespace:
         action="store_true",
         help="no progress bar, one loss line per epoch (each epoch's test accuracy is still shown)",
     )
+    arguments = parser.parse_args(argv)
+    if arguments.period < 1:  # before Spark starts, not when LocalSGD is built
+        parser.error(f"--period must be a positive integer, got {arguments.period}")
     return check_training_arguments(
         parser,
-        parser.parse_args(argv),
+        arguments,
         kind=output_checks.OPTIMIZER_RUN,
         fashion_mnist=("train", "test"),
     )
