@@ -15,6 +15,7 @@ import math
 
 from bigdl_py import backend
 from bigdl_py.autograd.function import Function
+from bigdl_py.autograd.ops import conv_tiles
 from bigdl_py.autograd.ops.misc import _keep_mask
 
 __all__ = ["scaled_dot_product_attention"]
@@ -29,41 +30,88 @@ class ScaledDotProductAttention(Function):
     def forward(self, query, key, value, mask=None, dropout_p=0.0, rng=None):
         xp = backend.array_module(query)
         self.scale = query.dtype.type(1.0 / math.sqrt(query.shape[-1]))
-        weights = (query * self.scale) @ xp.swapaxes(key, -1, -2)
-        if mask is not None:
-            weights += mask
-        weights -= weights.max(axis=-1, keepdims=True)
-        xp.exp(weights, out=weights)
-        weights /= weights.sum(axis=-1, keepdims=True)
-        keep = None
         self.dropout_scale = query.dtype.type(1.0 / (1.0 - dropout_p) if dropout_p < 1 else 0.0)
-        dropped = weights
-        if dropout_p > 0:
-            keep = _keep_mask(weights.shape, dropout_p, weights, rng)
-            dropped = weights * keep
-            dropped *= self.dropout_scale
+        leading = query.shape[:-2]
+        key = xp.broadcast_to(key, (*leading, *key.shape[-2:]))
+        value = xp.broadcast_to(value, (*leading, *value.shape[-2:]))
+        weights = xp.empty((*query.shape[:-1], key.shape[-2]), dtype=query.dtype)
+        output = xp.empty((*query.shape[:-1], value.shape[-1]), dtype=query.dtype)
+        if mask is not None:
+            mask = xp.broadcast_to(mask, weights.shape)
+        # The whole mask is drawn before the tiles run: the same for any thread count.
+        keep = _keep_mask(weights.shape, dropout_p, weights, rng) if dropout_p > 0 else None
+
+        def run(part):
+            tile = weights[part]
+            xp.matmul(query[part] * self.scale, xp.swapaxes(key[part], -1, -2), out=tile)
+            if mask is not None:
+                tile += mask[part]
+            tile -= tile.max(axis=-1, keepdims=True)
+            xp.exp(tile, out=tile)
+            tile *= 1 / tile.sum(axis=-1, keepdims=True)
+            if keep is not None:
+                tile = tile * keep[part]
+                tile *= self.dropout_scale
+            xp.matmul(tile, value[part], out=output[part])
+
+        _for_each_tile(weights, run)
         self.save_for_backward(query, key, value, weights, keep)
-        return dropped @ value
+        return output
 
     def backward(self, grad):
         query, key, value, weights, keep = self.saved
         xp = backend.array_module(grad)
-        grad_query = grad_key = grad_value = None
-        if self.needs_input_grad[2]:
-            dropped = weights if keep is None else weights * keep * self.dropout_scale
-            grad_value = xp.swapaxes(dropped, -1, -2) @ grad
-        grad_scores = grad @ xp.swapaxes(value, -1, -2)  # d(loss)/d(dropped weights)
-        if keep is not None:
-            grad_scores *= keep
-            grad_scores *= self.dropout_scale
-        # Softmax's backward, in place: w * (g - sum(g * w)).
-        grad_scores -= (grad_scores * weights).sum(axis=-1, keepdims=True)
-        grad_scores *= weights
-        if self.needs_input_grad[0]:
-            grad_query = (grad_scores @ key) * self.scale
-        if self.needs_input_grad[1]:
-            grad_key = (xp.swapaxes(grad_scores, -1, -2) @ query) * self.scale
+        needs_query, needs_key, needs_value = self.needs_input_grad[:3]
+        # key and value are views broadcast to the query's leading axes; the backward walk
+        # sums their gradients back to the given shapes.
+        grad_query = xp.empty_like(query) if needs_query else None
+        grad_key = xp.empty(key.shape, dtype=grad.dtype) if needs_key else None
+        grad_value = xp.empty(value.shape, dtype=grad.dtype) if needs_value else None
+
+        def run(part):
+            tile, tile_grad = weights[part], grad[part]
+            if needs_value:
+                dropped = tile if keep is None else tile * keep[part] * self.dropout_scale
+                xp.matmul(xp.swapaxes(dropped, -1, -2), tile_grad, out=grad_value[part])
+            # d(loss)/d(dropped weights)
+            grad_scores = tile_grad @ xp.swapaxes(value[part], -1, -2)
+            if keep is not None:
+                grad_scores *= keep[part]
+                grad_scores *= self.dropout_scale
+            # Softmax's backward, in place: w * (g - sum(g * w)).
+            grad_scores -= (grad_scores * tile).sum(axis=-1, keepdims=True)
+            grad_scores *= tile
+            if needs_query:
+                xp.matmul(grad_scores, key[part], out=grad_query[part])
+                grad_query[part] *= self.scale
+            if needs_key:
+                xp.matmul(xp.swapaxes(grad_scores, -1, -2), query[part], out=grad_key[part])
+                grad_key[part] *= self.scale
+
+        _for_each_tile(weights, run)
         return grad_query, grad_key, grad_value
+
+
+def _for_each_tile(weights, work) -> None:
+    """Call ``work(part)`` on tiles ``part`` of the first axis of ``(..., L, S)`` arrays.
+
+    A few samples' ``(L, S)`` blocks at a time (about ``conv_tiles.TILE_BYTES``) stay in
+    cache through the softmax's passes; when BLAS may use several threads the tiles are
+    shared out among that many Python threads with BLAS held to one thread, since the
+    many small GEMMs of attention (128 x 32 x 128 per head in the bench) each end in a
+    barrier between BLAS threads that, on a shared machine, often waits for a descheduled
+    thread. Without leading axes the whole problem is one tile.
+    """
+    if weights.ndim == 2:
+        work(Ellipsis)
+        return
+    on_gpu = backend.is_cupy_array(weights)
+    batch = weights.shape[0]
+    workers = 1 if on_gpu else conv_tiles.worker_count()
+    size = conv_tiles.tile_size(batch, weights[0].nbytes, workers, on_gpu)
+    conv_tiles.for_each_tile(
+        batch, size, lambda start, stop, _: work(slice(start, stop)), on_gpu=on_gpu
+    )
 
 
 def scaled_dot_product_attention(query, key, value, mask=None, dropout_p: float = 0.0, rng=None):
