@@ -6,8 +6,9 @@ Shortly after the job that runs iteration ``KILL_AFTER`` starts, it SIGKILLs one
 JVM: Spark re-runs the lost tasks elsewhere, recomputes lost shuffle outputs (a chained
 job's earlier stages) and cached partition handles from lineage, and the optimizer state
 is picked up from the host-local state files. The final weights must equal an
-uninterrupted run's: here, a LocalOptimizer on the same global batches. Prints one
-``RESULT {json}`` line.
+uninterrupted run's: for the exact modes a LocalOptimizer on the same global batches, for
+local SGD (``UPDATE`` = ``local-sgd:K``) the same DistriOptimizer run first without a kill.
+Prints one ``RESULT {json}`` line.
 """
 
 from __future__ import annotations
@@ -46,17 +47,25 @@ def main(update: str = "sharded", iterations_per_job: int = 8) -> None:
     sc = spark.sparkContext
     sc.setLogLevel("ERROR")
     features, labels = blobs(samples=601)
-    optimizer = DistriOptimizer(
-        classifier(),
-        (features, labels),
-        nn.NLLLoss(),
-        SGD(lr=0.1, momentum=0.9),
-        batch_size=64,
-        end_trigger=MaxIteration(ITERATIONS),
-        iterations_per_job=iterations_per_job,
-        update=update,
-        progress=False,
-    )
+
+    def distri_optimizer():
+        return DistriOptimizer(
+            classifier(),
+            (features, labels),
+            nn.NLLLoss(),
+            SGD(lr=0.1, momentum=0.9),
+            batch_size=64,
+            end_trigger=MaxIteration(ITERATIONS),
+            iterations_per_job=iterations_per_job,
+            update=update,
+            progress=False,
+        )
+
+    uninterrupted = None
+    if update.startswith("local-sgd"):  # not LocalOptimizer's mathematics: its own run
+        with distri_optimizer() as reference_run:
+            uninterrupted = flat(reference_run.optimize())
+    optimizer = distri_optimizer()
     jvms_before = sorted(set(sc.parallelize(range(8), 8).mapPartitions(executor_jvm).collect()))
     killed = []
     run_iterations = optimizer.runner.run_iterations
@@ -88,16 +97,18 @@ def main(update: str = "sharded", iterations_per_job: int = 8) -> None:
     seconds = time.perf_counter() - started
     jvms_after = sorted(set(sc.parallelize(range(8), 8).mapPartitions(executor_jvm).collect()))
 
-    reference = LocalOptimizer(
-        classifier(),
-        optimizer.local_reference_dataset(features, labels),
-        nn.NLLLoss(),
-        SGD(lr=0.1, momentum=0.9),
-        batch_size=64,
-        end_trigger=MaxIteration(ITERATIONS),
-        progress=False,
-    )
-    local = flat(reference.optimize())
+    if uninterrupted is None:
+        reference = LocalOptimizer(
+            classifier(),
+            optimizer.local_reference_dataset(features, labels),
+            nn.NLLLoss(),
+            SGD(lr=0.1, momentum=0.9),
+            batch_size=64,
+            end_trigger=MaxIteration(ITERATIONS),
+            progress=False,
+        )
+        uninterrupted = flat(reference.optimize())
+    local = uninterrupted
     report = {
         "master": sc.master,
         "update": update,
