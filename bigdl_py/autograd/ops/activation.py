@@ -59,30 +59,35 @@ class LeakyReLU(Function):
 
 
 class GELU(Function):
-    """Exact GELU, x * Phi(x), or its tanh approximation (``approximate='tanh'``)."""
+    """Exact GELU, x * Phi(x), or its tanh approximation (``approximate='tanh'``).
+
+    The forward keeps Phi(x) (or the tanh) for the backward instead of recomputing it: one
+    array more held, about a dozen array passes fewer.
+    """
 
     def forward(self, a, approximate="none"):
         xp = backend.array_module(a)
         if approximate not in ("none", "tanh"):
             raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
         self.approximate = approximate
-        self.save_for_backward(a)
         if approximate == "tanh":
             inner = math.sqrt(2 / math.pi) * (a + 0.044715 * a**3)
-            return (0.5 * a * (1 + xp.tanh(inner))).astype(a.dtype, copy=False)
-        return (a * _normal_cdf(xp, a)).astype(a.dtype, copy=False)
+            t = xp.tanh(inner).astype(a.dtype, copy=False)
+            self.save_for_backward(a, t)
+            return (0.5 * a * (1 + t)).astype(a.dtype, copy=False)
+        cdf = _normal_cdf(xp, a).astype(a.dtype, copy=False)
+        self.save_for_backward(a, cdf)
+        return a * cdf
 
     def backward(self, grad):
-        (a,) = self.saved
+        a, kept = self.saved
         xp = backend.array_module(a)
         if self.approximate == "tanh":
-            c = math.sqrt(2 / math.pi)
-            inner = c * (a + 0.044715 * a**3)
-            t = xp.tanh(inner)
-            d_inner = c * (1 + 3 * 0.044715 * a * a)
+            t = kept
+            d_inner = math.sqrt(2 / math.pi) * (1 + 3 * 0.044715 * a * a)
             return grad * (0.5 * (1 + t) + 0.5 * a * (1 - t * t) * d_inner)
         pdf = xp.exp(-0.5 * a * a) / math.sqrt(2 * math.pi)
-        return grad * (_normal_cdf(xp, a) + a * pdf)
+        return grad * (kept + a * pdf)
 
 
 def _normal_cdf(xp, x):
@@ -92,9 +97,14 @@ def _normal_cdf(xp, x):
     every x, the far tails included, so Phi keeps its relative accuracy where it is tiny.
     That is float32 precision; NumPy has no erf of its own and SciPy is not a dependency.
     """
-    z = xp.abs(x) / math.sqrt(2)
-    t = 1 / (1 + 0.5 * z)
-    polynomial = -0.82215223 + t * 0.17087277
+    # In place on three arrays: each temporary of the plain expression cost a pass and an
+    # allocation (GELU's forward and backward of 2M float32 values, 1 thread: 39 -> 31 ms).
+    z = xp.abs(x) * (1 / math.sqrt(2))
+    t = z * 0.5
+    t += 1
+    xp.reciprocal(t, out=t)
+    polynomial = t * 0.17087277
+    polynomial += -0.82215223
     for coefficient in (
         1.48851587,
         -1.13520398,
@@ -105,8 +115,13 @@ def _normal_cdf(xp, x):
         1.00002368,
         -1.26551223,
     ):
-        polynomial = coefficient + t * polynomial
-    half_erfc = 0.5 * t * xp.exp(-z * z + polynomial)  # erfc(|x| / sqrt(2)) / 2
+        polynomial *= t
+        polynomial += coefficient
+    z *= z
+    polynomial -= z
+    half_erfc = xp.exp(polynomial, out=polynomial)
+    half_erfc *= t
+    half_erfc *= 0.5  # erfc(|x| / sqrt(2)) / 2
     return xp.where(x >= 0, 1 - half_erfc, half_erfc)
 
 
