@@ -21,6 +21,8 @@ CONV_CASES = [
     ("depthwise", (1, 3, 5, 5), (3, 1, 3, 3), {"groups": 3}),
     ("one_by_one", (2, 3, 4, 4), (5, 3, 1, 1), {}),
     ("big_kernel_small_output", (2, 2, 6, 6), (3, 2, 5, 5), {}),
+    ("full_width_rows", (2, 3, 4, 12), (4, 3, 3, 3), {"padding": 1}),
+    ("full_width_dilated_groups", (1, 4, 4, 14), (2, 2, 2, 2), {"dilation": (1, 2), "groups": 2}),
 ]
 
 
@@ -171,7 +173,7 @@ def conv_results(op, arrays, **settings):
 @pytest.mark.parametrize(
     "op, shapes, settings",
     [
-        (ops.conv2d, [(7, 4, 6, 6), (6, 4, 3, 3), (6,)], {"padding": 1}),  # flipped kernel
+        (ops.conv2d, [(7, 4, 4, 12), (6, 4, 3, 3), (6,)], {"padding": 1}),  # flipped kernel
         (ops.conv2d, [(7, 4, 7, 6), (6, 2, 3, 3), (6,)], {"stride": 2, "groups": 2}),  # col2im
         (
             ops.conv_transpose2d,
@@ -219,3 +221,22 @@ def test_an_error_in_a_tile_reaches_the_caller_and_blas_gets_its_threads_back():
         with pytest.raises(RuntimeError, match="tile 2 failed"):
             conv_tiles.for_each_tile(6, 1, work)
         assert conv_tiles.worker_count() == 2
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [{"padding": 1}, {"padding": (0, 2), "dilation": (2, 2)}, {"groups": 2, "padding": (1, 0)}],
+)
+def test_full_width_and_strided_columns_give_the_same_convolution(monkeypatch, rng, settings):
+    # Stride-1 convolutions take either column layout (by how much the full-width one adds);
+    # force each for the forward and both gradients.
+    arrays = [
+        rng.standard_normal((3, 4, 5, 6)),
+        rng.standard_normal((4, 2 if "groups" in settings else 4, 3, 3)),
+    ]
+    results = []
+    for full_width in (True, False):
+        monkeypatch.setattr(conv, "_full_width", lambda *args, full_width=full_width: full_width)
+        results.append(conv_results(ops.conv2d, arrays, **settings))
+    for with_full_width, strided in zip(*results, strict=True):
+        np.testing.assert_allclose(with_full_width, strided, rtol=1e-12, atol=1e-12)

@@ -29,6 +29,7 @@ TRANSPOSE_CASES = [
     ("groups", (2, 4, 3, 3), (4, 3, 3, 3), {"groups": 2, "stride": 2}),
     ("depthwise", (1, 3, 4, 4), (3, 1, 3, 3), {"groups": 3, "padding": 1}),
     ("one_by_one", (2, 3, 4, 4), (3, 5, 1, 1), {}),
+    ("wide_rows", (1, 2, 3, 12), (2, 3, 3, 3), {"padding": 1}),
 ]
 CASE_PARAMS = [pytest.param(*case[1:], id=case[0]) for case in TRANSPOSE_CASES]
 
