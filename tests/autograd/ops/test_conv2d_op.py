@@ -210,6 +210,9 @@ def test_tile_size_keeps_small_batches_whole_and_splits_large_ones_for_every_wor
     assert conv_tiles.tile_size(64, 100, workers=2, on_gpu=False) == 16  # two tiles per worker
     assert conv_tiles.tile_size(64, 10_000, workers=2, on_gpu=False) == 1  # at least one
     assert conv_tiles.tile_size(64, 1000, workers=2, on_gpu=True) == 64  # a GPU takes all
+    monkeypatch.setattr(conv_tiles, "MIN_COLUMNS", 1000)
+    # 3 samples of 100 columns would be too narrow a GEMM: 10 samples make 1000 columns.
+    assert conv_tiles.tile_size(64, 1000, 1, on_gpu=False, columns_per_sample=100) == 10
 
 
 def test_an_error_in_a_tile_reaches_the_caller_and_blas_gets_its_threads_back():
