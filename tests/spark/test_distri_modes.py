@@ -49,6 +49,23 @@ def test_local_sgd_rounds_end_every_period_after_warmup_and_at_the_chains_end():
     assert mode.steps_to_run(0, 8) <= 2  # warm-up never shares a job with local rounds
 
 
+def test_checkpoint_states_move_between_modes_and_partition_counts():
+    """Slices (sharded, replicated) are joined and re-cut; local SGD's whole per-partition
+    states are kept as they are for the same count, else averaged into one."""
+    momentum = np.arange(10, dtype=np.float32)
+    slices = [{"momentum": momentum[a:b], "step": 3} for a, b in all_slice_bounds(10, 2)]
+    three = resolve_mode("sharded").resume_states(slices, 10, 3)
+    np.testing.assert_array_equal(np.concatenate([s["momentum"] for s in three]), momentum)
+    assert [len(s["momentum"]) for s in three] == [4, 3, 3]
+    local = LocalSGD(period=2)
+    replicated = local.resume_states(slices, 10, 2)
+    assert all(np.array_equal(s["momentum"], momentum) for s in replicated)
+    own = [{"momentum": momentum + j, "step": 3} for j in range(2)]
+    assert local.resume_states(own, 10, 2)[1]["momentum"][0] == 1  # each keeps its own
+    averaged = resolve_mode("replicated").resume_states(own, 10, 2)
+    np.testing.assert_allclose(np.concatenate([s["momentum"] for s in averaged]), momentum + 0.5)
+
+
 def test_auto_picks_replicated_for_small_models_and_sharded_for_large_ones():
     lenet = choose_mode(89_000, 2, shared_disk=True, global_norm_clipping=False)
     assert (lenet.update, lenet.iterations_per_job) == ("replicated", 16)

@@ -68,7 +68,7 @@ class TrainingMode:
 
     def resume_states(self, shards: list[dict], flat_size: int, count: int) -> list[dict]:
         """A checkpoint's optimizer state (``shards``) as ``count`` slices of the vector."""
-        if len(shards) == count and not (count > 1 and _all_whole(shards, flat_size)):
+        if len(shards) == count and not (count > 1 and are_whole_states(shards, flat_size)):
             return shards
         whole = whole_state(shards, flat_size)
         if any(_is_per_element(value) for value in whole.values()):
@@ -92,7 +92,7 @@ def _is_per_element(value: Any) -> bool:
     return isinstance(value, np.ndarray) and value.ndim == 1
 
 
-def _all_whole(shards: list[dict], flat_size: int) -> bool:
+def are_whole_states(shards: list[dict], flat_size: int) -> bool:
     """Whether every shard holds the state of the whole vector (local SGD's checkpoints)."""
     sizes = [v.size for shard in shards for v in shard.values() if _is_per_element(v)]
     return bool(sizes) and all(size == flat_size for size in sizes)
@@ -103,7 +103,7 @@ def whole_state(shards: list[dict], flat_size: int) -> dict:
     states (one per partition, local SGD's) are averaged element-wise."""
     if len(shards) == 1:
         return dict(shards[0])
-    if not _all_whole(shards, flat_size):
+    if not are_whole_states(shards, flat_size):
         return concatenate_state_dicts(shards)
     whole = dict(shards[0])
     for key, value in whole.items():

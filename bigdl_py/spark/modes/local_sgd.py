@@ -49,7 +49,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from bigdl_py.spark import collectives, owner_update, worker
-from bigdl_py.spark.modes import TrainingMode, whole_state
+from bigdl_py.spark.modes import TrainingMode, are_whole_states, whole_state
 from bigdl_py.spark.modes.replicated import exact_update, one_stage_per_iteration
 from bigdl_py.spark.partitioned_data import drain
 from bigdl_py.spark.replica import Replica, replica_gradient
@@ -138,8 +138,7 @@ class LocalSGD(TrainingMode):
         return rounds
 
     def resume_states(self, shards, flat_size, count):
-        whole = [_is_whole(shard, flat_size) for shard in shards]
-        if len(shards) == count and all(whole):
+        if len(shards) == count and are_whole_states(shards, flat_size):
             return [dict(shard) for shard in shards]  # every partition's own state
         return [whole_state(shards, flat_size) for _ in range(count)]
 
@@ -154,11 +153,6 @@ class LocalSGD(TrainingMode):
         clone = LocalSGD(self.period, self.warmup_iterations)
         clone._warmup_per_job = self._warmup_per_job
         return clone
-
-
-def _is_whole(state: dict, flat_size: int) -> bool:
-    arrays = [v for v in state.values() if isinstance(v, np.ndarray) and v.ndim == 1]
-    return bool(arrays) and all(array.size == flat_size for array in arrays)
 
 
 def _share_fractions(share_sizes: list[int]) -> list[float]:
