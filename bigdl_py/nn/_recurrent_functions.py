@@ -16,7 +16,7 @@ its own thread with BLAS held to one thread (``conv_tiles.for_each_tile``): a st
 GEMMs (32 x 128 x 512 in the bench) gain nothing from splitting, and on a shared machine
 each one's barrier between BLAS threads often waits for a descheduled thread (the
 per-step matmuls of the bench's LSTM took 10-30x the one-thread wall time at two threads
-under load).
+under load). A one-direction layer with small steps runs with BLAS held to one thread.
 
 Gate layouts are PyTorch's: LSTM ``[i, f, g, o]``, GRU ``[r, z, n]``, stacked along the
 first axis of the weights. Inside, arrays are ``(D, T, N, ...)``: direction, step (in each
@@ -29,6 +29,10 @@ from __future__ import annotations
 from bigdl_py import backend
 from bigdl_py.autograd.function import Function
 from bigdl_py.autograd.ops import conv_tiles
+
+# Multiply-adds of one step's hidden GEMM (batch x gates*H x H) below which a
+# one-direction layer holds BLAS to one thread (2M in the bench's LSTM).
+_SMALL_STEP_GEMM = 1 << 24
 
 
 class _GateActivations:
@@ -108,7 +112,7 @@ class LSTMSequence(Function):
                 activations,
             )
 
-        _for_each_direction(x, directions, run)
+        _for_each_direction(x, directions, run, weight_hh[0].size * batch)
         self.batch_first, self.has_bias = batch_first, bias_ih is not None
         self.save_for_backward(inputs, gates, hiddens, cells, tanh_cells, weight_ih, weight_hh)
         return _to_layer_layout(hiddens[:, 1:], [hiddens[:, steps], cells[:, steps]], batch_first)
@@ -139,7 +143,7 @@ class LSTMSequence(Function):
             )
             gradients.add(part, grad_gates[part], grad_gates[part], hiddens[part])
 
-        _for_each_direction(gates, directions, run)
+        _for_each_direction(gates, directions, run, weight_hh[0].size * gates.shape[2])
         grad_bias = gradients.bias_ih if self.has_bias else None
         return (
             gradients.layer_input(self.batch_first),
@@ -258,7 +262,7 @@ class GRUSequence(Function):
                 activations,
             )
 
-        _for_each_direction(x, directions, run)
+        _for_each_direction(x, directions, run, weight_hh[0].size * batch)
         self.batch_first, self.has_bias = batch_first, bias_ih is not None
         self.save_for_backward(inputs, gates, hiddens, hidden_candidates, weight_ih, weight_hh)
         return _to_layer_layout(hiddens[:, 1:], [hiddens[:, steps]], batch_first)
@@ -289,7 +293,7 @@ class GRUSequence(Function):
             )
             gradients.add(part, grad_input_gates[part], grad_hidden_gates[part], hiddens[part])
 
-        _for_each_direction(gates, directions, run)
+        _for_each_direction(gates, directions, run, weight_hh[0].size * gates.shape[2])
         return (
             gradients.layer_input(self.batch_first),
             gradients.weight_ih,
@@ -357,12 +361,20 @@ def _gru_steps_backward(
 
 
 # --- running the directions -----------------------------------------------------------------
-def _for_each_direction(like, directions: int, work) -> None:
+def _for_each_direction(like, directions: int, work, step_size: int) -> None:
     """Call ``work(part)`` for slices ``part`` of the direction axis that cover it: one slice
     of all directions on the calling thread, or one direction per thread (BLAS held to one
-    thread meanwhile) when BLAS may use several and there are two directions."""
+    thread meanwhile) when BLAS may use several and there are two directions.
+
+    One direction with BLAS on several threads runs with BLAS held to one thread when a
+    step's GEMM (``step_size`` multiply-adds) is small, for the same reason.
+    """
     on_gpu = backend.is_cupy_array(like)
     workers = 1 if on_gpu else conv_tiles.worker_count()
+    if workers > 1 and directions == 1 and step_size < _SMALL_STEP_GEMM:
+        with backend.blas_threads(1):
+            work(slice(0, 1))
+        return
     size = 1 if workers > 1 else directions
     conv_tiles.for_each_tile(
         directions, size, lambda first, last, _: work(slice(first, last)), on_gpu=on_gpu
