@@ -207,19 +207,19 @@ def _memcpy_ms(megabytes, repeats) -> list[float]:
 # --- run -------------------------------------------------------------------------------------
 
 
-def run(sizes, counts, wires, rounds, repeats, warm_s, via):
+def run(sizes, counts, wires, rounds, repeats, warm_s, via, extra=None):
     try:
         import torch.distributed  # noqa: F401
 
         have_torch = True
     except ImportError:
         have_torch = False
-    spark = _session()
+    spark = _session(extra)
     sc = spark.sparkContext
     started = time.perf_counter()
     _warm(sc, warm_s)
     print(
-        f"# {os.cpu_count()} CPUs, master {MASTER}, via={via}, JVM warmed "
+        f"# {os.cpu_count()} CPUs, master {MASTER}, via={via}, conf {extra}, JVM warmed "
         f"{time.perf_counter() - started:.0f} s, load (1/5 min) {_load()}, "
         f"executor memory {sc.getConf().get('spark.executor.memory', '1g (default)')}, "
         f"driver memory {sc.getConf().get('spark.driver.memory', '1g (default)')}"
@@ -342,20 +342,18 @@ def _stage_metrics(sc, job_group):
 
 
 def _route_jobs(sc, count, megabytes):
-    """Jobs that stop at successive points of the reduce-scatter's shuffle route."""
+    """Jobs that stop at successive points of the reduce-scatter's shuffle route; each run
+    builds its RDDs afresh, so no shuffle output of an earlier run is reused."""
     from bigdl_py.spark import collectives
 
-    source = _rank_arrays(sc, count, megabytes).cache()
-    source.count()
+    def pieces():
+        def cut(rank, iterator):
+            array = collectives.single_array(rank, iterator, "bench")
+            return collectives.pieces_for_owners(rank, array, count)
 
-    def cut(rank, iterator):
-        array = collectives.single_array(rank, iterator, "bench")
-        return collectives.pieces_for_owners(rank, array, count)
+        return _rank_arrays(sc, count, megabytes).mapPartitionsWithIndex(cut)
 
-    pieces = source.mapPartitionsWithIndex(cut)
-    shuffled = pieces.partitionBy(count, collectives.owner_partition)
-
-    def pickled(rank, iterator):
+    def pickled(iterator):
         # What partitionBy's map side does in Python: pickle one bucket per owner.
         total = 0
         for pair in iterator:
@@ -368,27 +366,35 @@ def _route_jobs(sc, count, megabytes):
             total += piece.payload.nbytes
         yield total
 
+    def shuffled():
+        return pieces().partitionBy(count, collectives.owner_partition)
+
     return {
-        "read cached arrays": lambda: source.map(lambda a: a.size).collect(),
-        "+ cut, encode, pickle (in Python)": lambda: pieces.mapPartitionsWithIndex(
-            lambda r, it: pickled(r, it)
-        ).collect(),
+        "make arrays": lambda: _rank_arrays(sc, count, megabytes).map(len).collect(),
+        "+ cut, encode, pickle (in Python)": lambda: pieces().mapPartitions(pickled).collect(),
         # The JVM counts the shuffled records: Python writes its buckets to the JVM, the
         # shuffle writes and fetches them, nothing goes back to Python.
-        "+ to JVM, shuffle write, fetch (JVM count)": lambda: shuffled._jrdd.count(),
-        "+ socket back to Python, unpickle": lambda: shuffled.mapPartitions(drain).collect(),
+        "+ to JVM, shuffle write, fetch (JVM count)": lambda: shuffled()._jrdd.count(),
+        "+ socket back to Python, unpickle": lambda: shuffled().mapPartitions(drain).collect(),
         "whole all_reduce (shuffle route)": _all_reduce_job(sc, count, megabytes, None),
         "whole all_reduce (broadcast route)": _all_reduce_job(
             sc, count, megabytes, None, "broadcast"
         ),
-    }, source
+    }
 
 
-def breakdown(sizes, counts, repeats, warm_s):
-    spark = _session({"spark.ui.enabled": "true"})
+def _worker_malloc_env(sc) -> dict:
+    """The glibc malloc variables a Python worker sees (spark.executorEnv.*)."""
+    names = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
+    return sc.parallelize([0], 1).map(lambda _: {n: os.environ.get(n) for n in names}).first()
+
+
+def breakdown(sizes, counts, repeats, warm_s, extra=None):
+    spark = _session({"spark.ui.enabled": "true", **(extra or {})})
     sc = spark.sparkContext
     _warm(sc, warm_s)
-    print(f"# {os.cpu_count()} CPUs, master {MASTER}, load (1/5 min) {_load()}")
+    print(f"# {os.cpu_count()} CPUs, master {MASTER}, load (1/5 min) {_load()}, conf {extra}")
+    print(f"# Python workers' malloc settings: {_worker_malloc_env(sc)}")
     for count in counts:
         for megabytes in sizes:
             print(f"\n## N = {count}, M = {megabytes:g} MB float32 per rank\n")
@@ -396,7 +402,7 @@ def breakdown(sizes, counts, repeats, warm_s):
             print("|---|---|")
             for name, ms in _python_steps(megabytes, count, repeats).items():
                 print(f"| {name} | {ms:.1f} |", flush=True)
-            jobs, source = _route_jobs(sc, count, megabytes)
+            jobs = _route_jobs(sc, count, megabytes)
             print(
                 "\n| job stopping at | wall ms | shuffle write ms | fetch wait ms "
                 "| JVM GC ms | task run ms (sum) | load |"
@@ -416,7 +422,6 @@ def breakdown(sizes, counts, repeats, warm_s):
                     f"{_median([m.get(key, float('nan')) for m in metrics]):.0f}" for key in keys
                 )
                 print(f"| {name} | {_median(walls):.0f} | {cells} | {_load()} |", flush=True)
-            source.unpersist()
     spark.stop()
 
 
@@ -430,14 +435,23 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--warm-s", type=float, default=40.0)
+    parser.add_argument(
+        "--conf", nargs="*", default=[], help="extra Spark settings, key=value (to compare)"
+    )
     args = parser.parse_args(argv)
+    extra = {}
+    for setting in args.conf:
+        key, equals, value = setting.partition("=")
+        if not equals:
+            raise SystemExit(f"--conf: expected key=value, got {setting!r}")
+        extra[key] = value
     for wire_dtype in args.wire:
         if wire_dtype not in ("float32", "bfloat16", "float16"):
             raise SystemExit(f"--wire: unknown wire dtype {wire_dtype!r}")
     if args.warm_s >= 60:
         raise SystemExit("--warm-s: the judge's JVM is warmed for under a minute")
     if args.part == "breakdown":
-        breakdown(args.sizes or [16, 64], args.n or [2], max(args.repeats, 3), args.warm_s)
+        breakdown(args.sizes or [16, 64], args.n or [2], max(args.repeats, 3), args.warm_s, extra)
     else:
         run(
             args.sizes or [1, 4, 16, 64, 256],
@@ -447,6 +461,7 @@ def main(argv=None):
             args.repeats,
             args.warm_s,
             args.via,
+            extra,
         )
 
 
