@@ -20,6 +20,15 @@ CASES = {
         lambda x, w: ops.conv2d(x, w, stride=2, groups=2, dilation=2),
         [(2, 4, 9, 9), (6, 2, 3, 3)],
     ),
+    "conv2d_full_width_rows": (
+        lambda x, w: ops.conv2d(x, w, padding=1),
+        [(2, 3, 4, 12), (4, 3, 3, 3)],
+    ),
+    "conv_transpose2d": (
+        lambda x, w, b: ops.conv_transpose2d(x, w, b, stride=2, padding=1, output_padding=1),
+        [(2, 4, 3, 3), (4, 3, 3, 3), (3,)],
+    ),
+    "conv1d": (lambda x, w: ops.conv1d(x, w, padding=1), [(2, 3, 9), (4, 3, 3)]),
     "max_pool2d": (lambda x: ops.max_pool2d(x, 2), [(2, 3, 6, 6)]),
     "avg_pool2d_padded": (lambda x: ops.avg_pool2d(x, 3, 2, 1), [(2, 3, 7, 7)]),
     "batch_norm": (lambda x, w, b: ops.batch_norm(x, None, None, w, b), [(4, 3, 2, 2), (3,), (3,)]),
