@@ -36,14 +36,14 @@ RECOMMENDED_CONF: dict[str, str] = {
     # CPU on both ends of every shuffle.
     "spark.shuffle.compress": "false",
     "spark.shuffle.spill.compress": "false",
-    # Nor do broadcast weights (the all-gather's broadcast route, model shipping).
+    # Nor do broadcast weights (the all-gather's broadcast route, model shipping). This line,
+    # the two malloc lines below and spark.shuffle.file.buffer=1m together: all_reduce of
+    # 64 MB, N = 2, 1.8 s -> 1.4 s (shuffle route), 1.7 s -> 1.2 s (broadcast route), 16 MB
+    # 0.89 s -> 0.71 s (bench/allreduce.py breakdown, local[2], load ~8 on 2 cores, A/B/A/B
+    # medians). The file buffer alone showed nothing beyond the noise, and the bypass shuffle
+    # writer holds one buffer per reduce partition (200 x 1 MB per task for a SQL shuffle),
+    # so it is not set.
     "spark.broadcast.compress": "false",
-    # A shuffle record is a whole gradient slice (MBs): a 1 MB file buffer instead of 32 KB
-    # writes it in few syscalls. These two lines and the two malloc lines below together:
-    # collectives.all_reduce of 64 MB, N = 2, 1.8 s -> 1.4 s (shuffle route) and 1.7 s ->
-    # 1.2 s (broadcast route), 16 MB 0.89 s -> 0.71 s (bench/allreduce.py breakdown, local[2],
-    # load ~8 on 2 cores, A/B/A/B medians).
-    "spark.shuffle.file.buffer": "1m",
     # A Python worker's pickled slices and received buffers are tens of MB; glibc maps each
     # fresh (mmap, page faults, munmap) above its 32 MB ceiling. From the heap, and with up
     # to 256 MB of freed heap kept, pickling 32 MB took 2-14 ms instead of 26-86 and
