@@ -272,24 +272,37 @@ def test_fewer_samples_than_partitions(spark):
 
 
 def test_label_out_of_range_is_named_and_checkpoint_kept(spark, tmp_path):
+    # Labels are checked before any Spark job (issue 16): a resumed run with a bad label is
+    # refused naming it, and the good run's checkpoint is left as it was.
     features, labels = blobs()
-    labels[120] = 7  # partition 1 of 2 holds rows 102..202
-    with DistriOptimizer(
-        classifier(),
-        (features, labels),
-        nn.NLLLoss(),
-        SGD(lr=0.1),
-        batch_size=BATCH,
-        end_trigger=MaxEpoch(3),
-        num_partitions=2,
-        shuffle=False,
-        progress=False,
-    ) as optimizer:
+
+    def optimizer_for(labels, end):
+        return DistriOptimizer(
+            classifier(),
+            (features, labels),
+            nn.NLLLoss(),
+            SGD(lr=0.1),
+            batch_size=BATCH,
+            end_trigger=end,
+            num_partitions=2,
+            shuffle=False,
+            progress=False,
+        )
+
+    with optimizer_for(labels, MaxIteration(2)) as optimizer:
         optimizer.set_checkpoint(str(tmp_path), MaxIteration(1))
-        with pytest.raises(DistributedTrainingError, match=r"partition 1, iteration \d+.*7"):
+        optimizer.optimize()
+    before = sorted((p.name, p.stat().st_mtime_ns) for p in tmp_path.rglob("*"))
+    bad = labels.copy()
+    bad[120] = 7  # partition 1 of 2 holds rows 102..202
+    with pytest.raises(ValueError, match=r"label.*7"):
+        with optimizer_for(bad, MaxIteration(4)) as optimizer:
+            optimizer.set_checkpoint(str(tmp_path), MaxIteration(1))
+            optimizer.resume_from(str(tmp_path))
             optimizer.optimize()
+    assert sorted((p.name, p.stat().st_mtime_ns) for p in tmp_path.rglob("*")) == before
     kept = load_checkpoint(str(tmp_path))
-    assert kept.metadata["state"]["iteration"] >= 1
+    assert kept.metadata["state"]["iteration"] == 2
 
 
 def test_model_that_does_not_fit_the_samples_is_named(spark):
