@@ -342,8 +342,17 @@ def prepare_training(
     when given, checks (and may convert) the input first. On a bad input nothing stays
     cached.
     """
-    from bigdl_py.spark.session import get_spark, partition_count
+    from bigdl_py.spark.session import (
+        CONNECT_TRAINING_ALTERNATIVE,
+        get_spark,
+        partition_count,
+        require_classic_spark,
+    )
 
+    for given in (training_set, spark):  # before anything reaches for the RDD API
+        require_classic_spark(
+            given, "DistriOptimizer and DistriTrainer", CONNECT_TRAINING_ALTERNATIVE
+        )
     spark = spark or get_spark()
     sc = spark.sparkContext
     num_partitions = partition_count(sc, num_partitions)

@@ -6,10 +6,12 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 
 import bigdl_py.nn as nn
 from bigdl_py.optim import SGD
+from bigdl_py.spark import DistriOptimizer
 from bigdl_py.spark.inference import evaluate, predict
 from bigdl_py.spark.ml import NNClassifier
 from bigdl_py.spark.predict_udf import predict_udf
@@ -61,6 +63,23 @@ def test_connect_objects_are_recognised_and_classic_ones_pass(spark):
         (
             lambda: Optimizer(
                 _model(), _ConnectDataFrame(), nn.CrossEntropyLoss(), SGD(lr=0.1), MaxEpoch(1)
+            ),
+            "DistriOptimizer",
+        ),
+        (
+            lambda: DistriOptimizer(
+                _model(), _ConnectDataFrame(), nn.CrossEntropyLoss(), SGD(lr=0.1), batch_size=4
+            ),
+            "DistriOptimizer",
+        ),
+        (
+            lambda: DistriOptimizer(
+                _model(),
+                (np.zeros((8, 2), np.float32), np.zeros(8, np.int64)),
+                nn.CrossEntropyLoss(),
+                SGD(lr=0.1),
+                batch_size=4,
+                spark=_ConnectSession(),
             ),
             "DistriOptimizer",
         ),
