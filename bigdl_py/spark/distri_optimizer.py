@@ -39,8 +39,6 @@ from bigdl_py.spark.partitioned_data import (
     is_rdd,
     prepare_training,
 )
-from bigdl_py.spark.partitioned_data import is_dataframe as _is_dataframe  # noqa: F401 (old name)
-from bigdl_py.spark.partitioned_data import is_rdd as _is_rdd  # noqa: F401 (old name)
 from bigdl_py.spark.replica import RunSpec
 from bigdl_py.spark.training_run import SparkTrainingRun
 from bigdl_py.train import batches as batch_io
@@ -239,6 +237,13 @@ class SparkRunner(IterationRunner):
         super().load_model_state_dict(state)
         if self.run is not None:
             self.run.weights = np.array(self.flat.weights)
+            # The run's buffers (BatchNorm statistics) go back into the model at sync_model:
+            # they must be the loaded ones too (restore_best, resume).
+            if self.run.buffers:
+                self.run.buffers = {
+                    name: np.array(state[name]) if name in state else value
+                    for name, value in self.run.buffers.items()
+                }
 
     # --- optimizer state: one dict per shard --------------------------------------------
     def optim_state_dict(self) -> list[dict[str, Any]]:

@@ -65,3 +65,42 @@ def test_stop_restore_and_resume_match_a_straight_run(spark, tmp_path, update):
         resumed_model = resumed.optimize()
     assert resumed.state == state
     np.testing.assert_allclose(flat(resumed_model), flat(straight_model), rtol=1e-6, atol=1e-7)
+
+
+def test_restore_best_brings_back_batch_norm_statistics(spark):
+    # The best validation's running statistics come back with its weights: evaluation (which
+    # normalises with them) gives the best score again.
+    from blob_data import BATCH, CLASSES, FEATURES
+
+    from bigdl_py.spark import DistriOptimizer
+
+    with nn.init.seeded(1):
+        model = nn.Sequential(
+            nn.Linear(FEATURES, 16),
+            nn.BatchNorm1d(16),
+            nn.Tanh(),
+            nn.Linear(16, CLASSES),
+            nn.LogSoftmax(),
+        )
+    optimizer = DistriOptimizer(
+        model,
+        blobs(),
+        nn.NLLLoss(),
+        SGD(lr=0.5),
+        batch_size=BATCH,
+        end_trigger=MaxEpoch(40) | EarlyStopping("Loss", patience=2),
+        num_partitions=2,
+        update="replicated",
+        progress=False,
+        spark=spark,
+    )
+    optimizer.set_validation(SeveralIteration(4), _validation(), [Loss()])
+    with optimizer:
+        trained = optimizer.optimize()
+    assert optimizer.state.validations_since_best == 2
+    (loss,) = evaluate_batches(
+        trained,
+        validation_batches(ArrayDataset(*_validation(), shuffle=False), 30),
+        [Loss(nn.NLLLoss())],
+    )
+    assert loss.value == pytest.approx(optimizer.state.best_score, rel=1e-5)
