@@ -169,7 +169,9 @@ def main(argv=None) -> dict:
             )
             if arguments.checkpoint_dir:
                 trainer.save_checkpoint(
-                    arguments.checkpoint_dir, {"epoch": epoch + 1, "history": history}
+                    arguments.checkpoint_dir,
+                    {"epoch": epoch + 1, "history": history},
+                    replace_other_runs=arguments.overwrite_checkpoints,
                 )
     finally:
         trainer.close()

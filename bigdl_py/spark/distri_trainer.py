@@ -22,6 +22,7 @@ mathematics as running the steps one after the other in one process on the globa
 from __future__ import annotations
 
 import copy
+import os
 import uuid
 import zlib
 from collections.abc import Callable
@@ -124,6 +125,9 @@ class DistriTrainer:
         self.model = model
         self.batch_size = batch_size
         self.seed = int(seed)
+        # Recorded in each checkpoint, so a fresh run never replaces another run's ones.
+        self.run_id = "run-" + uuid.uuid4().hex[:12]
+        self._own_checkpoint_dirs: set[str] = set()  # written to or resumed from by this run
         _, self.data, self.plan = prepare_training(
             training_set,
             batch_size,
@@ -260,11 +264,30 @@ class DistriTrainer:
             "steps": {name: step.parameter_names for name, step in self.steps.items()},
         }
 
-    def save_checkpoint(self, directory: str, metadata: dict | None = None, keep: int = 2) -> str:
+    def save_checkpoint(
+        self,
+        directory: str,
+        metadata: dict | None = None,
+        keep: int = 2,
+        replace_other_runs: bool = False,
+    ) -> str:
         """Write the weights, buffers, every step's sharded optimizer state and step count
         (and the caller's JSON ``metadata``, e.g. the epoch) as one checkpoint in
         ``directory`` (atomic npz + JSON manifest, no pickle); returns its manifest path.
-        The previous checkpoint stays until this one is complete."""
+        The previous checkpoint stays until this one is complete.
+
+        Raises
+        ------
+        ValueError
+            When ``directory`` is a file, or holds checkpoints another run wrote (they would
+            be pruned) and ``replace_other_runs`` is False; nothing is written then. A run
+            resumed with :meth:`load_checkpoint` continues that checkpoint's run.
+        """
+        owned = os.path.realpath(directory)
+        if not replace_other_runs and owned not in self._own_checkpoint_dirs:
+            problem = checkpoints.other_run_checkpoints(directory, self.run_id)
+            if problem is not None:
+                raise ValueError(problem)
         arrays: dict[str, Any] = {f"model/{name}": values for name, values in self.values.items()}
         arrays.update({f"buffer/{name}": values for name, values in self.buffers.items()})
         layouts, counts = {}, {}
@@ -279,7 +302,7 @@ class DistriTrainer:
             arrays.update(packed)
             counts[name] = step.iterations
         total = sum(counts.values())
-        return checkpoints.save_checkpoint(
+        manifest = checkpoints.save_checkpoint(
             directory,
             total,
             arrays,
@@ -290,7 +313,10 @@ class DistriTrainer:
                 "user": metadata or {},
             },
             keep=keep,
+            run_id=self.run_id,
         )
+        self._own_checkpoint_dirs.add(owned)  # the older runs' checkpoints are pruned in turn
+        return manifest
 
     def load_checkpoint(self, path: str) -> dict:
         """Continue from a checkpoint (a directory's latest good one, or a manifest): the
@@ -313,6 +339,8 @@ class DistriTrainer:
                 f"cannot resume from {checkpoint.path}: settings differ from the ones it was "
                 f"written with (setting: (checkpoint, now)) {different}"
             )
+        self.run_id = checkpoint.run_id or self.run_id  # continuing that run
+        self._own_checkpoint_dirs.add(os.path.realpath(os.path.dirname(checkpoint.path)))
         for name, values in self.values.items():
             values[...] = checkpoint.arrays[f"model/{name}"]
         self.buffers = {

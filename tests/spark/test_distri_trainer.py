@@ -161,6 +161,27 @@ def test_checkpoint_and_resume_in_a_new_trainer_is_exact(spark, tmp_path):
             trainer.load_checkpoint(str(tmp_path))
 
 
+def test_a_fresh_trainer_never_replaces_another_runs_checkpoints(spark, tmp_path):
+    """Checkpoints record their run: a new trainer saving into that directory is refused
+    (naming the other run) and leaves it as it was, unless told to replace them; a trainer
+    resumed from it continues that run and saves there."""
+    from bigdl_py.train import list_checkpoints
+
+    with gan_trainer(spark, small_gan()) as first:
+        run_schedule(first, [(0, 0)])
+        first.save_checkpoint(str(tmp_path), {"epoch": 0})
+    kept = list_checkpoints(tmp_path)
+    with gan_trainer(spark, small_gan()) as fresh:
+        with pytest.raises(ValueError, match=rf"another run \({first.run_id};"):
+            fresh.save_checkpoint(str(tmp_path), {"epoch": 0})
+        assert list_checkpoints(tmp_path) == kept
+        fresh.save_checkpoint(str(tmp_path), {"epoch": 0}, replace_other_runs=True)
+    with gan_trainer(spark, small_gan()) as resumed:
+        resumed.load_checkpoint(str(tmp_path))
+        assert resumed.run_id == fresh.run_id
+        resumed.save_checkpoint(str(tmp_path), {"epoch": 1})  # its own run: allowed
+
+
 def test_bad_steps_fail_clearly(spark):
     gan = small_gan()
     with DistriTrainer(
