@@ -10,7 +10,7 @@ together and train each with its own step and optimizer:
 * :func:`generator_step`: generated images the (frozen) discriminator should call real.
 
 The steps are plain functions of ``(gan, batch)``, with ``batch`` a
-:class:`~bigdl_py.spark.distri_optimizer_tasks.StepBatch` (its ``inputs``, and ``normal`` to
+:class:`~bigdl_py.spark.replica.StepBatch` (its ``inputs``, and ``normal`` to
 draw the noise), so they run the same on Spark executors and in a test without Spark.
 """
 
