@@ -29,8 +29,11 @@ import numpy as np
 # Largest scratch buffer (the columns of one tile) we aim for. At one thread the CIFAR CNN's
 # step took the same CPU time (within the machine's noise) with 0.75 to 6 MB, and the second
 # layer's forward alone 25 ms with 1.2 MB tiles, 21 ms with 2.4-4.7 MB, 39 ms for the whole
-# batch; 1 MB keeps the per-thread buffers, which count in the step's peak memory, small.
-TILE_BYTES = 1 << 20
+# batch. Small models pay for every extra tile, though: LeNet-5's forward-backward at batch 64
+# (the share of a partition at global batch 128) took 10.3-11.6 ms CPU at one thread with 1 MB
+# tiles against 8.1-8.8 with 4 MB (its first layer's columns, 3.7 MB, then make one tile) and
+# 7.5-8.0 before tiling. 4 MB: a few MB more per thread in the step's peak memory.
+TILE_BYTES = 4 << 20
 # Below this many bytes of columns for the whole batch an op runs as one tile on the calling
 # thread: handing out tiles costs ~0.2 ms, more than such an op takes.
 MIN_SPLIT_BYTES = 1 << 20
