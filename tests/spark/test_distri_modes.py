@@ -49,6 +49,22 @@ def test_local_sgd_rounds_end_every_period_after_warmup_and_at_the_chains_end():
     assert mode.steps_to_run(0, 8) <= 2  # warm-up never shares a job with local rounds
 
 
+def test_local_sgd_without_chaining_runs_one_round_per_job():
+    # Executors without a shared disk (one iteration per job requested): a job that starts
+    # mid-round, after one that ended at an epoch, stops at that round's end, so no job has
+    # two round stages (the second could run on a host without the first one's state).
+    mode = LocalSGD(period=4)
+    assert mode.iterations_per_call(1, None) == 4
+    assert mode.steps_to_run(7, 4) == 1  # iteration 7 ends the round 4..7
+    assert mode.steps_to_run(8, 4) == 4
+    warm = LocalSGD(period=4, warmup_iterations=2)
+    warm.iterations_per_call(1, None)
+    assert warm.steps_to_run(3, 4) == 3  # rounds 2..5, 6..9
+    chained = LocalSGD(period=4)
+    chained.iterations_per_call(16, None)
+    assert chained.steps_to_run(7, 16) == 16  # a shared disk: whole chains of rounds
+
+
 def test_checkpoint_states_move_between_modes_and_partition_counts():
     """Slices (sharded, replicated) are joined and re-cut; local SGD's whole per-partition
     states are kept as they are for the same count, else averaged into one."""

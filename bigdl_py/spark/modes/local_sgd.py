@@ -112,6 +112,12 @@ class LocalSGD(TrainingMode):
     def steps_to_run(self, first: int, count: int) -> int:
         if first < self.warmup_iterations:  # warm-up and local rounds never share a job
             return min(count, self._warmup_per_job, self.warmup_iterations - first)
+        if self._warmup_per_job <= 1:
+            # No chaining (executors without a shared disk): a job starting mid-round (after
+            # one that ended at an epoch, a validation or a checkpoint) stops at the round's
+            # end. A second round would be a second stage, whose task may run on another host
+            # than the state the first one left.
+            return min(count, self.period - (first - self.warmup_iterations) % self.period)
         return count
 
     def build_chain(self, chain):
