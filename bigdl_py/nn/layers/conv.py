@@ -67,7 +67,39 @@ def _check_input(layer: Module, x: Any, ndim: int, layout: str, in_channels: int
         )
 
 
-class Conv1d(Module):
+class _Convolution(Module):
+    """What every convolution layer shares: its parameters, their initialisation, its repr."""
+
+    def _create_parameters(self, weight_shape: tuple, bias: bool, dtype: Any) -> None:
+        self.weight = empty_parameter(weight_shape, dtype)
+        if bias:
+            self.bias = empty_parameter((self.out_channels,), dtype)
+        else:
+            self.register_parameter("bias", None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """PyTorch's default: kaiming-uniform with a=sqrt(5), i.e. bound 1/sqrt(fan_in)."""
+        _reset_convolution(self.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        text = (
+            f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
+            f"stride={self.stride}"
+        )
+        # Settings at their defaults are left out, as PyTorch does (ints or pairs alike).
+        for name, default in (("padding", 0), ("output_padding", 0), ("dilation", 1)):
+            value = getattr(self, name, default)
+            if value not in (default, (default, default)):
+                text += f", {name}={value}"
+        if self.groups != 1:
+            text += f", groups={self.groups}"
+        if self.bias is None:
+            text += ", bias=False"
+        return text
+
+
+class Conv1d(_Convolution):
     """1-d cross-correlation over an ``(N, C, L)`` input, as ``torch.nn.Conv1d``.
 
     Parameters
@@ -116,17 +148,9 @@ class Conv1d(Module):
         self.dilation = _int_single(dilation, "dilation", "Conv1d")
         self.groups = _check_groups("Conv1d", groups, self.in_channels, self.out_channels)
         dtype = parameter_dtype(dtype, "Conv1d")
-        weight_shape = (self.out_channels, self.in_channels // self.groups, self.kernel_size)
-        self.weight = empty_parameter(weight_shape, dtype)
-        if bias:
-            self.bias = empty_parameter((self.out_channels,), dtype)
-        else:
-            self.register_parameter("bias", None)
-        self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        """PyTorch's default: kaiming-uniform with a=sqrt(5), i.e. bound 1/sqrt(fan_in)."""
-        _reset_convolution(self.weight, self.bias)
+        self._create_parameters(
+            (self.out_channels, self.in_channels // self.groups, self.kernel_size), bias, dtype
+        )
 
     def forward(self, x):
         _check_input(self, x, 3, "(N, C, L)", self.in_channels)
@@ -146,23 +170,8 @@ class Conv1d(Module):
             groups=self.groups,
         )
 
-    def extra_repr(self) -> str:
-        text = (
-            f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
-            f"stride={self.stride}"
-        )
-        if self.padding:
-            text += f", padding={self.padding}"
-        if self.dilation != 1:
-            text += f", dilation={self.dilation}"
-        if self.groups != 1:
-            text += f", groups={self.groups}"
-        if self.bias is None:
-            text += ", bias=False"
-        return text
 
-
-class Conv2d(Module):
+class Conv2d(_Convolution):
     """2-d cross-correlation over an ``(N, C, H, W)`` input, as ``torch.nn.Conv2d``.
 
     Parameters
@@ -210,17 +219,9 @@ class Conv2d(Module):
         self.dilation = int_pair(dilation, "dilation", "Conv2d")
         self.groups = _check_groups("Conv2d", groups, self.in_channels, self.out_channels)
         dtype = parameter_dtype(dtype, "Conv2d")
-        weight_shape = (self.out_channels, self.in_channels // self.groups, *self.kernel_size)
-        self.weight = empty_parameter(weight_shape, dtype)
-        if bias:
-            self.bias = empty_parameter((self.out_channels,), dtype)
-        else:
-            self.register_parameter("bias", None)
-        self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        """PyTorch's default: kaiming-uniform with a=sqrt(5), i.e. bound 1/sqrt(fan_in)."""
-        _reset_convolution(self.weight, self.bias)
+        self._create_parameters(
+            (self.out_channels, self.in_channels // self.groups, *self.kernel_size), bias, dtype
+        )
 
     def forward(self, x):
         _check_input(self, x, 4, "(N, C, H, W)", self.in_channels)
@@ -234,23 +235,8 @@ class Conv2d(Module):
             groups=self.groups,
         )
 
-    def extra_repr(self) -> str:
-        text = (
-            f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
-            f"stride={self.stride}"
-        )
-        if self.padding != (0, 0):
-            text += f", padding={self.padding}"
-        if self.dilation != (1, 1):
-            text += f", dilation={self.dilation}"
-        if self.groups != 1:
-            text += f", groups={self.groups}"
-        if self.bias is None:
-            text += ", bias=False"
-        return text
 
-
-class ConvTranspose2d(Module):
+class ConvTranspose2d(_Convolution):
     """2-d transposed convolution over an ``(N, C, H, W)`` input, as ``torch.nn.ConvTranspose2d``.
 
     The adjoint of a ``Conv2d`` in its input: it maps a conv2d's output shape back to its
@@ -316,17 +302,9 @@ class ConvTranspose2d(Module):
                     f"the stride {self.stride} or the dilation {self.dilation} on each axis"
                 )
         dtype = parameter_dtype(dtype, name)
-        weight_shape = (self.in_channels, self.out_channels // self.groups, *self.kernel_size)
-        self.weight = empty_parameter(weight_shape, dtype)
-        if bias:
-            self.bias = empty_parameter((self.out_channels,), dtype)
-        else:
-            self.register_parameter("bias", None)
-        self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        """PyTorch's default: kaiming-uniform with a=sqrt(5), i.e. bound 1/sqrt(fan_in)."""
-        _reset_convolution(self.weight, self.bias)
+        self._create_parameters(
+            (self.in_channels, self.out_channels // self.groups, *self.kernel_size), bias, dtype
+        )
 
     def forward(self, x):
         _check_input(self, x, 4, "(N, C, H, W)", self.in_channels)
@@ -340,20 +318,3 @@ class ConvTranspose2d(Module):
             groups=self.groups,
             dilation=self.dilation,
         )
-
-    def extra_repr(self) -> str:
-        text = (
-            f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
-            f"stride={self.stride}"
-        )
-        if self.padding != (0, 0):
-            text += f", padding={self.padding}"
-        if self.output_padding != (0, 0):
-            text += f", output_padding={self.output_padding}"
-        if self.dilation != (1, 1):
-            text += f", dilation={self.dilation}"
-        if self.groups != 1:
-            text += f", groups={self.groups}"
-        if self.bias is None:
-            text += ", bias=False"
-        return text
