@@ -15,6 +15,24 @@ from bigdl_py.nn.module import Module
 __all__ = ["Embedding", "EmbeddingBag"]
 
 
+def _padding_index(padding_idx: Any, num_embeddings: int, layer_name: str) -> int | None:
+    """``padding_idx`` checked against the vocabulary and made non-negative (PyTorch's rule)."""
+    if padding_idx is None:
+        return None
+    if not -num_embeddings <= padding_idx < num_embeddings:
+        raise ValueError(
+            f"{layer_name}: padding_idx {padding_idx} is outside a vocabulary of {num_embeddings}"
+        )
+    return int(padding_idx) % num_embeddings
+
+
+def _reset_table(weight, padding_idx: int | None) -> None:
+    """PyTorch's default: N(0, 1) rows, the padding row zero."""
+    init.normal_(weight)
+    if padding_idx is not None:
+        weight.data[padding_idx] = 0
+
+
 class Embedding(Module):
     """A table of ``num_embeddings`` vectors of size ``embedding_dim``, looked up by index.
 
@@ -46,22 +64,13 @@ class Embedding(Module):
         super().__init__()
         self.num_embeddings = check_positive_int(num_embeddings, "num_embeddings", "Embedding")
         self.embedding_dim = check_positive_int(embedding_dim, "embedding_dim", "Embedding")
-        if padding_idx is not None:
-            if not -self.num_embeddings <= padding_idx < self.num_embeddings:
-                raise ValueError(
-                    f"Embedding: padding_idx {padding_idx} is outside a vocabulary of "
-                    f"{self.num_embeddings}"
-                )
-            padding_idx = int(padding_idx) % self.num_embeddings
-        self.padding_idx = padding_idx
+        self.padding_idx = _padding_index(padding_idx, self.num_embeddings, "Embedding")
         dtype = parameter_dtype(dtype, "Embedding")
         self.weight = empty_parameter((self.num_embeddings, self.embedding_dim), dtype)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        init.normal_(self.weight)
-        if self.padding_idx is not None:
-            self.weight.data[self.padding_idx] = 0
+        _reset_table(self.weight, self.padding_idx)
 
     def forward(self, indices):
         dtype = indices.dtype if hasattr(indices, "dtype") else np.asarray(indices).dtype
@@ -122,22 +131,13 @@ class EmbeddingBag(Module):
             raise ValueError(f"EmbeddingBag: mode must be one of {MODES}, got {mode!r}")
         self.mode = mode
         self.include_last_offset = bool(include_last_offset)
-        if padding_idx is not None:
-            if not -self.num_embeddings <= padding_idx < self.num_embeddings:
-                raise ValueError(
-                    f"EmbeddingBag: padding_idx {padding_idx} is outside a vocabulary of "
-                    f"{self.num_embeddings}"
-                )
-            padding_idx = int(padding_idx) % self.num_embeddings
-        self.padding_idx = padding_idx
+        self.padding_idx = _padding_index(padding_idx, self.num_embeddings, "EmbeddingBag")
         dtype = parameter_dtype(dtype, "EmbeddingBag")
         self.weight = empty_parameter((self.num_embeddings, self.embedding_dim), dtype)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        init.normal_(self.weight)
-        if self.padding_idx is not None:
-            self.weight.data[self.padding_idx] = 0
+        _reset_table(self.weight, self.padding_idx)
 
     def forward(self, input, offsets=None, per_sample_weights=None):  # noqa: A002 - PyTorch's
         return embedding_bag(
