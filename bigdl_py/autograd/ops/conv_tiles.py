@@ -14,11 +14,20 @@ caller's included) that take the next tile when they finish one, with BLAS held 
 thread meanwhile: the threads meet once per op, not once per GEMM, and NumPy releases the
 GIL in its copies and GEMMs. The BLAS limit is restored afterwards.
 
+Why BLAS stays at one thread even for an op that makes a single tile: once woken, an
+OpenBLAS worker thread spins (``sched_yield`` in a loop) for 2**28 clock ticks, about 0.1 s,
+before it sleeps. On the two-core bench machine a spinning worker takes a core's share from
+the tile threads of the ops that follow: after one two-thread 512x512 GEMM it burned 25-30 ms
+of CPU while the main thread did other work, 5 ms with ``OPENBLAS_THREAD_TIMEOUT=4``. So the
+engine's CPU ops (this module's tiles, and the GEMMs ``matmul.py`` splits the same way) never
+hand work to BLAS's own threads.
+
 On a GPU (CuPy arrays) the whole batch is one tile and nothing is threaded.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from collections.abc import Callable
@@ -103,12 +112,14 @@ def for_each_tile(
     combine. ``work`` must write only to its own tile's part of shared outputs.
     """
     tiles = [(start, min(start + size, batch)) for start in range(0, batch, size)]
-    threads = 1 if on_gpu else min(worker_count(), len(tiles))
-    if threads <= 1:
+    workers = 1 if on_gpu else worker_count()
+    if workers <= 1 or len(tiles) == 1:
         scratch: dict = {}
-        for start, stop in tiles:
-            work(start, stop, scratch)
+        with _blas_held_to_one(workers > 1):
+            for start, stop in tiles:
+                work(start, stop, scratch)
         return [scratch]
+    threads = min(workers, len(tiles))
     remaining = iter(tiles)
     take_lock = threading.Lock()
 
@@ -121,24 +132,33 @@ def for_each_tile(
                 return scratch
             work(tile[0], tile[1], scratch)
 
-    controllers = _blas()
+    futures = []
+    with _blas_held_to_one():
+        try:
+            pool = _executor(threads - 1)
+            futures = [pool.submit(run) for _ in range(threads - 1)]
+            scratches = [run()]  # the calling thread takes tiles too
+            scratches += [future.result() for future in futures]
+        finally:
+            # On an error in this thread, let the others finish the tiles left before BLAS
+            # gets its threads back (their errors, if any, are dropped for this one).
+            for future in futures:
+                future.exception()
+    return scratches
+
+
+@contextlib.contextmanager
+def _blas_held_to_one(hold: bool = True):
+    """Limit BLAS to one thread inside the block (when ``hold``), then restore its limits."""
+    controllers = _blas() if hold else []
     limits = [controller.num_threads for controller in controllers]
     for controller in controllers:
         controller.set_num_threads(1)
-    futures = []
     try:
-        pool = _executor(threads - 1)
-        futures = [pool.submit(run) for _ in range(threads - 1)]
-        scratches = [run()]  # the calling thread takes tiles too
-        scratches += [future.result() for future in futures]
+        yield
     finally:
-        # On an error in this thread, let the others finish the tiles left before BLAS
-        # gets its threads back (their errors, if any, are dropped for this one).
-        for future in futures:
-            future.exception()
         for controller, limit in zip(controllers, limits, strict=True):
             controller.set_num_threads(limit)
-    return scratches
 
 
 def scratch_array(scratch: dict, name: str, shape: tuple, dtype, xp=np, zeroed: bool = False):

@@ -1,9 +1,46 @@
-"""Matrix product, with NumPy's rules for 1-d operands and batch broadcasting."""
+"""Matrix product, with NumPy's rules for 1-d operands and batch broadcasting.
+
+On the CPU, when BLAS may use several threads, the 2-d products (``Linear``'s three and a
+2-d ``matmul``'s) are split along the longer side of the result among the convolutions'
+threads (``conv_tiles.for_each_tile``), each running a one-thread GEMM, instead of being
+handed to BLAS's own threads: a woken OpenBLAS thread spins for ~0.1 s after its GEMM and
+takes a core from the convolutions' tiles that come next (``conv_tiles`` gives the numbers).
+"""
 
 from __future__ import annotations
 
 from bigdl_py import backend
 from bigdl_py.autograd.function import Function
+from bigdl_py.autograd.ops.conv_tiles import for_each_tile, worker_count
+
+# Multiply-adds below which a product runs whole on the calling thread: handing out its
+# parts costs ~0.1 ms, about what one thread takes for a product of this size.
+_MIN_SPLIT_MULTIPLY_ADDS = 1 << 22
+
+
+def matmul_2d(a, b):
+    """``a (M, K) @ b (K, N)``, on the CPU split among the tile threads (see the module)."""
+    workers = 1 if backend.is_cupy_array(a) else worker_count()
+    if workers == 1:
+        return a @ b
+    xp = backend.array_module(a)
+    rows, inner = a.shape
+    columns = b.shape[1]
+    out = xp.empty((rows, columns), dtype=xp.result_type(a, b))
+    by_rows = rows >= columns
+    extent = rows if by_rows else columns
+    size = extent
+    if rows * columns * inner >= _MIN_SPLIT_MULTIPLY_ADDS:
+        size = -(-extent // workers)
+
+    def work(start, stop, _scratch):
+        if by_rows:
+            xp.matmul(a[start:stop], b, out=out[start:stop])
+        else:
+            xp.matmul(a, b[:, start:stop], out=out[:, start:stop])
+
+    for_each_tile(extent, size, work)
+    return out
 
 
 class MatMul(Function):
@@ -21,6 +58,8 @@ class MatMul(Function):
                 f"(inner sizes {inner_a} != {inner_b})"
             )
         self.save_for_backward(a, b)
+        if a.ndim == 2 and b.ndim == 2:
+            return matmul_2d(a, b)
         return backend.array_module(a).matmul(a, b)
 
     def backward(self, grad):
@@ -63,18 +102,20 @@ class Linear(Function):
             )
         self.save_for_backward(x, weight)
         self.has_bias = bias is not None
-        out = x @ weight.T
+        # Leading axes flattened: one GEMM, not one per leading index.
+        out = matmul_2d(x.reshape(-1, x.shape[-1]), weight.T)
         if bias is not None:
             out += bias
-        return out
+        return out.reshape(x.shape[:-1] + (weight.shape[0],))
 
     def backward(self, grad):
         x, weight = self.saved
-        grad_x = grad @ weight if self.needs_input_grad[0] else None
-        grad_weight = grad_bias = None
+        grad2 = grad.reshape(-1, grad.shape[-1])
+        grad_x = grad_weight = grad_bias = None
+        if self.needs_input_grad[0]:
+            grad_x = matmul_2d(grad2, weight).reshape(x.shape)
         if self.needs_input_grad[1]:
-            x2 = x.reshape(-1, x.shape[-1])
-            grad_weight = grad.reshape(-1, grad.shape[-1]).T @ x2
+            grad_weight = matmul_2d(grad2.T, x.reshape(-1, x.shape[-1]))
         if self.has_bias and self.needs_input_grad[2]:
-            grad_bias = grad.reshape(-1, grad.shape[-1]).sum(axis=0)
+            grad_bias = grad2.sum(axis=0)
         return grad_x, grad_weight, grad_bias

@@ -243,3 +243,15 @@ def test_full_width_and_strided_columns_give_the_same_convolution(monkeypatch, r
         results.append(conv_results(ops.conv2d, arrays, **settings))
     for with_full_width, strided in zip(*results, strict=True):
         np.testing.assert_allclose(with_full_width, strided, rtol=1e-12, atol=1e-12)
+
+
+def test_a_single_tile_runs_with_blas_held_to_one_thread():
+    # A woken BLAS thread spins for ~0.1 s after its work and takes a core from the tiles
+    # of the ops that follow: the engine's ops never wake one (see conv_tiles).
+    seen = []
+    with backend.blas_threads(2):
+        conv_tiles.for_each_tile(
+            4, 4, lambda start, stop, scratch: seen.append(conv_tiles.worker_count())
+        )
+        assert conv_tiles.worker_count() == 2
+    assert seen == [1]

@@ -1,0 +1,71 @@
+"""matmul_2d and Linear split among the tile threads: the same products as one GEMM."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from bigdl_py import backend
+from bigdl_py.autograd import Tensor, ops
+from bigdl_py.autograd.ops import conv_tiles
+from bigdl_py.autograd.ops import matmul_ops as matmul
+
+
+@pytest.mark.parametrize(
+    "a_shape, b_shape, transposed_b",
+    [((40, 6), (6, 9), False), ((5, 6), (6, 33), False), ((7, 6), (31, 6), True)],
+    ids=["split_by_rows", "split_by_columns", "columns_of_a_transposed_operand"],
+)
+def test_split_products_equal_one_gemm(monkeypatch, rng, a_shape, b_shape, transposed_b):
+    # Split even these small products (the threshold is for speed, not for results); each
+    # part's GEMM writes its own rows or columns of the result.
+    monkeypatch.setattr(matmul, "_MIN_SPLIT_MULTIPLY_ADDS", 1)
+    a = rng.standard_normal(a_shape)
+    b = rng.standard_normal(b_shape)
+    b = b.T if transposed_b else b
+    seen_blas_threads = []
+    real_matmul = np.matmul
+
+    def recording_matmul(*args, **kwargs):
+        seen_blas_threads.append(conv_tiles.worker_count())
+        return real_matmul(*args, **kwargs)
+
+    monkeypatch.setattr(np, "matmul", recording_matmul)
+    with backend.blas_threads(2):
+        product = matmul.matmul_2d(a, b)
+        assert conv_tiles.worker_count() == 2
+    monkeypatch.undo()
+    np.testing.assert_allclose(product, a @ b, rtol=1e-13, atol=1e-13)
+    # Two parts, each computed with BLAS held to one thread.
+    assert seen_blas_threads == [1, 1]
+
+
+def test_a_product_too_small_to_split_runs_with_blas_held_to_one_thread(monkeypatch, rng):
+    a, b = rng.standard_normal((4, 3)), rng.standard_normal((3, 5))
+    seen_blas_threads = []
+
+    def recording_matmul(*args, **kwargs):
+        seen_blas_threads.append(conv_tiles.worker_count())
+        return a @ b
+
+    monkeypatch.setattr(np, "matmul", recording_matmul)
+    with backend.blas_threads(2):
+        matmul.matmul_2d(a, b)
+    assert seen_blas_threads == [1]
+
+
+@pytest.mark.parametrize("input_shape", [(6,), (9, 6), (2, 5, 6)], ids=["1d", "2d", "3d"])
+def test_linear_split_among_threads_matches_numpy(monkeypatch, rng, input_shape):
+    monkeypatch.setattr(matmul, "_MIN_SPLIT_MULTIPLY_ADDS", 1)
+    x = Tensor(rng.standard_normal(input_shape), requires_grad=True)
+    weight = Tensor(rng.standard_normal((4, 6)), requires_grad=True)
+    bias = Tensor(rng.standard_normal(4), requires_grad=True)
+    upstream = rng.standard_normal(input_shape[:-1] + (4,))
+    with backend.blas_threads(2):
+        out = ops.linear(x, weight, bias)
+        (out * Tensor(upstream)).sum().backward()
+    flat_x, flat_upstream = x.data.reshape(-1, 6), upstream.reshape(-1, 4)
+    np.testing.assert_allclose(out.data, x.data @ weight.data.T + bias.data, rtol=1e-13)
+    np.testing.assert_allclose(x.grad.data, upstream @ weight.data, rtol=1e-13)
+    np.testing.assert_allclose(weight.grad.data, flat_upstream.T @ flat_x, rtol=1e-13)
+    np.testing.assert_allclose(bias.grad.data, flat_upstream.sum(axis=0), rtol=1e-13)
