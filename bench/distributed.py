@@ -4,6 +4,9 @@
                                       [--modes sharded:1 sharded:8 replicated:8 replicated:16]
                                       [--rounds 2] [--jvm-warmup-seconds 60]
     python bench/distributed.py cnn   [--batch-sizes 128] [--partitions 2] [--iterations 20]
+    python bench/distributed.py resnet [--batch-size 128] [--partitions 2] [--iterations 6]
+                                       [--warmup 2] [--rounds 1] [--jvm-warmup-seconds 0]
+                                       [--modes sharded:1 replicated:1 auto local-sgd-4:4]
     python bench/distributed.py long  [--iterations 1000] [--mode sharded:8]
     python bench/distributed.py warmup [--iterations 4800] [--chunk 480] [--mode replicated:16]
     python bench/distributed.py all   [--lenet-iterations 160] [--cnn-iterations 20] [--rounds 2]
@@ -28,7 +31,25 @@ kept), ``to_driver`` (result back to collect()). For every mode: ``spark`` (the 
 per iteration less forward-backward and update: Spark's stages, shuffles and Python
 hand-offs) and ``driver`` (the loop and building the job's RDDs, per iteration). The same
 model's LocalOptimizer samples/s in this process is printed beside it. ``cnn`` does the
-same for bench/engine.py's CIFAR CNN on random 3x32x32 images.
+same for bench/engine.py's CIFAR CNN on random 3x32x32 images. A mode is
+``UPDATE[:ITERATIONS_PER_JOB]``: ``sharded``, ``replicated``, ``auto`` or ``local-sgd-K``
+(``LocalSGD(period=K)``); without a count, DistriOptimizer's default (auto's own pick for
+``auto``). Warm-up and measured iterations are rounded up to whole jobs and LocalSGD rounds.
+
+``resnet`` is the AllReduce issue's judge at a real model size: ResNet-18 in its CIFAR form
+(``bigdl_py.models.resnet18``, 11.2 M parameters, 45 MB of float32 gradient) on random
+3x32x32 images, global batch 128, N = 2, cross-entropy, SGD with momentum; every mode
+(LocalSGD included; one session, ``--rounds`` times in rotation) with samples/s and the
+per-iteration breakdown above, and in the same run PyTorch DDP of the same model
+(bench/engine_models.py's twin) under Spark's ``TorchDistributor`` (2 processes x 1 thread,
+gloo; bench/torch_peer.py) on the same images, loss and optimizer. It prints the machine (CPU,
+cores, load averages at the start and the end), a table of each mode's median round: samples/s,
+their ratio to TorchDistributor's, ms per iteration in ``forward_backward``, ``update``,
+``spark`` and ``driver`` (for DDP: forward and backward with its overlapped all-reduce, and
+the optimizer's step), the share of the iteration outside forward-backward and the update,
+and the issue's bar on that share for the exact modes (at most 25 %). One ResNet-18 step at
+batch 64 takes seconds on a core, so it measures few iterations and skips the JVM warm-up
+and the LocalOptimizer column by default.
 
 **The JVM's warm-up.** For its first minute or so a JVM spends much of a core compiling
 Spark's hot paths with C2 (JFR, 35-55 s into a run: 36 C2 compilations took 7.9 s of compiler
@@ -52,6 +73,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import math
 import os
 import statistics
 import sys
@@ -64,6 +86,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bigdl_py import nn  # noqa: E402
 from bigdl_py.models import lenet5  # noqa: E402
 from bigdl_py.optim import SGD  # noqa: E402
+from bigdl_py.spark import LocalSGD  # noqa: E402
 from bigdl_py.spark.distri_optimizer import DistriOptimizer  # noqa: E402
 from bigdl_py.spark.partitioned_data import run_directory  # noqa: E402
 from bigdl_py.spark.session import get_spark  # noqa: E402
@@ -71,6 +94,7 @@ from bigdl_py.train import LocalOptimizer, MaxIteration  # noqa: E402
 
 DEFAULT_MODES = [("sharded", 1), ("sharded", 8), ("replicated", 8), ("replicated", 16)]
 PHASES = ("to_first_task", "forward_backward", "shuffle", "update", "to_driver")
+LEARNING_RATE, MOMENTUM = 0.05, 0.9
 
 
 def training_images():
@@ -84,13 +108,17 @@ def training_images():
         return (images, generator.integers(0, 10, 60000)), "random images"
 
 
-def bench_optimizer(model, data, batch_size, iterations, partitions, update, per_job):
-    """The DistriOptimizer every measurement here runs: NLL loss, SGD with momentum."""
+def bench_optimizer(
+    model, data, batch_size, iterations, partitions, update, per_job, criterion=None
+):
+    """The DistriOptimizer every measurement here runs: SGD with momentum, NLL loss unless
+    ``criterion`` is given (``update``: a mode's name or object; ``per_job`` None: its
+    default)."""
     return DistriOptimizer(
         model,
         data,
-        nn.NLLLoss(),
-        SGD(lr=0.05, momentum=0.9),
+        criterion or nn.NLLLoss(),
+        SGD(lr=LEARNING_RATE, momentum=MOMENTUM),
         batch_size=batch_size,
         end_trigger=MaxIteration(iterations),
         num_partitions=partitions,
@@ -172,9 +200,29 @@ MODELS = {
 }
 
 
-def parse_mode(text: str) -> tuple[str, int]:
+def parse_mode(text: str) -> tuple[str, int | None]:
+    """``UPDATE[:ITERATIONS_PER_JOB]``; without a count, DistriOptimizer's default (auto's
+    choice for ``auto``). ``local-sgd-K`` is ``LocalSGD(period=K)``."""
     update, _, per_job = text.partition(":")
-    return update, int(per_job or 1)
+    if update.startswith("local-sgd-") and not update[len("local-sgd-") :].isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r}: local-sgd-K takes a whole period K")
+    return update, int(per_job) if per_job else None
+
+
+def training_mode(update: str):
+    """DistriOptimizer's ``update`` for a mode name of this bench (``local-sgd-K``: an object)."""
+    if update.startswith("local-sgd-"):
+        return LocalSGD(period=int(update[len("local-sgd-") :]))
+    return update
+
+
+def whole_cycles(iterations: int, update: str, per_job: int | None) -> int:
+    """``iterations`` rounded up to whole jobs (and whole LocalSGD rounds), so every measured
+    job is a full one."""
+    cycle = per_job or 1
+    if update.startswith("local-sgd-"):
+        cycle = math.lcm(cycle, int(update[len("local-sgd-") :]))
+    return -(-iterations // cycle) * cycle
 
 
 def jvm_warm_up(seconds: float) -> None:
@@ -281,21 +329,33 @@ def bench_model(
 
 
 def _measure_mode(
-    build_model, features, labels, batch_size, partitions, iterations, warmup, update, per_job
+    build_model,
+    features,
+    labels,
+    batch_size,
+    partitions,
+    iterations,
+    warmup,
+    update,
+    per_job,
+    criterion=None,
 ) -> dict:
-    """One DistriOptimizer run of ``iterations`` after whole-job warm-up: its summary."""
-    warm = -(-warmup // per_job) * per_job  # whole jobs, so the measured ones are too
+    """One DistriOptimizer run of ``iterations`` after ``warmup``, both rounded up to whole
+    jobs: its summary, with ``ran`` = the mode and iterations per job it ran (auto's pick)."""
+    warm = whole_cycles(warmup, update, per_job)
     optimizer = bench_optimizer(
         build_model(),
         (features, labels),
         batch_size,
-        warm + iterations,
+        warm + whole_cycles(iterations, update, per_job),
         partitions,
-        update,
+        training_mode(update),
         per_job,
+        criterion,
     )
     records = run_timed(optimizer)
-    return summarise(records, warm)
+    runner = optimizer.runner
+    return {**summarise(records, warm), "ran": f"{runner.mode.name}:{runner.iterations_per_call}"}
 
 
 def _format_row(row: dict, round_label: str) -> str:
@@ -363,6 +423,147 @@ def bench_all(
         f"{best_cnn['local_samples_per_second']:.0f})"
     )
     spark.stop()
+
+
+RESNET_MODES = ["sharded:1", "replicated:1", "auto", "local-sgd-4:4"]
+EXACT_UPDATES = ("sharded", "replicated")
+OUTSIDE_COMPUTE_BAR = 0.25  # issue 14: an exact mode's share outside forward-backward + update
+
+
+def machine_description() -> str:
+    """The CPU's model name, its cores and the library versions, for the bench's header."""
+    model = "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            names = [line.split(":", 1)[1].strip() for line in cpuinfo if "model name" in line]
+        model = names[0] if names else model
+    except OSError:  # no /proc (not Linux)
+        pass
+    versions = f"python {sys.version.split()[0]}, numpy {np.__version__}"
+    return f"{model}, {os.cpu_count()} cores, {versions}"
+
+
+def load_averages() -> str:
+    """The 1, 5 and 15 minute load averages: how busy the machine's cores were."""
+    return ", ".join(f"{value:.2f}" for value in os.getloadavg())
+
+
+def torch_distributor_row(features, labels, batch_size, partitions, iterations, warmup) -> dict:
+    """ResNet-18 DDP under TorchDistributor (``partitions`` processes x 1 thread) on the same
+    images, global batch, loss and optimizer: the row its samples/s comes from (means)."""
+    from engine_models import torch_resnet18
+    from torch_peer import ddp_step_timings, run_on_torch_distributor
+
+    steps = run_on_torch_distributor(
+        ddp_step_timings,
+        partitions,
+        torch_resnet18,
+        features,
+        labels,
+        batch_size,
+        warmup,
+        iterations,
+        LEARNING_RATE,
+        MOMENTUM,
+        "CrossEntropyLoss",
+    )
+    row = {key: statistics.fmean(step[key] for step in steps) for key in steps[0]}
+    return {**row, "mode": "TorchDistributor", "ran": f"DDP, gloo, {partitions} x 1 thread"}
+
+
+def bench_resnet(batch_size, partitions, iterations, warmup, modes, rounds, conf, jvm_warmup):
+    """ResNet-18 (CIFAR form) on random 3x32x32 images: every mode and DDP under
+    TorchDistributor in one session, ``rounds`` times in rotation; print each row, then the
+    median rounds with their ratio to TorchDistributor's samples/s and the issue's bar."""
+    from torch_peer import torch_available
+
+    from bigdl_py.models import resnet18
+    from bigdl_py.optim import FlatParameters
+
+    print(f"# bench/distributed.py resnet, {time.strftime('%Y-%m-%d %H:%M %Z')}")
+    print(f"# {machine_description()}; load average at start {load_averages()}")
+    spark = get_spark(f"local[{partitions}]", app_name="bigdl_py bench resnet", conf=conf)
+    spark.sparkContext.setLogLevel("ERROR")
+    jvm_warm_up(jvm_warmup)
+    longest = max(
+        whole_cycles(warmup, update, per_job) + whole_cycles(iterations, update, per_job)
+        for update, per_job in modes
+    )
+    # One epoch holds every run, so no chain is cut short at an epoch's end.
+    (features, labels), source = cifar_images(batch_size * max(longest, warmup + iterations))
+    with_torch = torch_available()
+    weights = FlatParameters(resnet18()).weights
+    print(
+        f"ResNet-18 (CIFAR form, {weights.size / 1e6:.1f} M parameters, "
+        f"{weights.nbytes / 1e6:.0f} MB) on {source}, global batch {batch_size}, "
+        f"N = {partitions} (local[{partitions}]), SGD lr {LEARNING_RATE} momentum {MOMENTUM}, "
+        f"cross-entropy; {iterations} measured iterations after {warmup} warm-up (both "
+        f"rounded up to whole jobs and LocalSGD rounds), {rounds} round(s)"
+        + ("" if with_torch else "; torch is not installed: TorchDistributor is left out")
+    )
+    rows: dict[str, list[dict]] = {}
+
+    def keep(row: dict, round_number: int) -> None:
+        row["samples_per_second"] = batch_size / row["iteration"]
+        rows.setdefault(row["mode"], []).append(row)
+        print(f"round {round_number}: {_resnet_row(row, None)}", flush=True)
+
+    for round_number in range(1, rounds + 1):
+        for update, per_job in modes:
+            summary = _measure_mode(
+                resnet18,
+                features,
+                labels,
+                batch_size,
+                partitions,
+                iterations,
+                warmup,
+                update,
+                per_job,
+                nn.CrossEntropyLoss(),
+            )
+            mode = update if per_job is None else f"{update}:{per_job}"
+            keep({**summary, "mode": mode}, round_number)
+        if with_torch:
+            torch_row = torch_distributor_row(
+                features, labels, batch_size, partitions, iterations, warmup
+            )
+            keep(torch_row, round_number)
+    medians = {mode: _median_row(mode_rows) for mode, mode_rows in rows.items()}
+    torch_rate = medians["TorchDistributor"]["samples_per_second"] if with_torch else None
+    print(f"\nload average at end {load_averages()}; median round per mode, ms per iteration")
+    print(
+        "| mode | ran as | samples/s | x TorchDistributor | iteration | forward_backward "
+        "| update | spark | driver | outside fb + update |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for row in medians.values():
+        print(_resnet_row(row, torch_rate))
+    for mode, row in medians.items():
+        if mode.split(":")[0] in (*EXACT_UPDATES, "auto"):
+            share = _outside_compute(row)
+            verdict = "met" if share <= OUTSIDE_COMPUTE_BAR else "NOT met"
+            print(
+                f"bar: {mode} spends {share:.0%} of an iteration outside forward-backward and "
+                f"the update (at most {OUTSIDE_COMPUTE_BAR:.0%}): {verdict}"
+            )
+    spark.stop()
+
+
+def _outside_compute(row: dict) -> float:
+    """The share of an iteration spent outside forward-backward and the update."""
+    return 1 - (row["forward_backward"] + row["update"]) / row["iteration"]
+
+
+def _resnet_row(row: dict, torch_rate: float | None) -> str:
+    """One Markdown table row (``torch_rate`` None: no ratio column yet)."""
+    rate = row.get("samples_per_second") or 0.0
+    cells = [row["mode"], row["ran"], f"{rate:.1f}" if rate else "-"]
+    cells.append(f"{rate / torch_rate:.2f}" if torch_rate and rate else "-")
+    for key in ("iteration", "forward_backward", "update", "spark", "driver"):
+        cells.append(f"{row[key] * 1000:.0f}" if key in row else "-")
+    cells.append(f"{_outside_compute(row):.0%}")
+    return "| " + " | ".join(cells) + " |"
 
 
 def bench_warmup(iterations: int, chunk: int, mode: tuple[str, int]) -> None:
@@ -480,6 +681,27 @@ def main(argv=None):
             metavar="KEY=VALUE",
             help="a Spark setting over get_spark's recommended ones, for A/B runs",
         )
+    resnet = commands.add_parser("resnet")
+    resnet.add_argument("--batch-size", type=int, default=128, help="the global batch")
+    resnet.add_argument("--partitions", type=int, default=2)
+    resnet.add_argument("--iterations", type=int, default=6, help="measured, per mode")
+    resnet.add_argument("--warmup", type=int, default=2, help="iterations first, not measured")
+    resnet.add_argument(
+        "--modes",
+        type=parse_mode,
+        nargs="+",
+        default=[parse_mode(mode) for mode in RESNET_MODES],
+        metavar="UPDATE[:ITERATIONS_PER_JOB]",
+        help="sharded, replicated, auto or local-sgd-K (LocalSGD(period=K))",
+    )
+    resnet.add_argument("--rounds", type=int, default=1, help="measurements of each mode")
+    resnet.add_argument(
+        "--jvm-warmup-seconds",
+        type=float,
+        default=0.0,
+        help="train LeNet-5 this long first (0: none, so the first mode meets the young JVM)",
+    )
+    resnet.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE")
     long_run = commands.add_parser("long")
     long_run.add_argument("--iterations", type=int, default=1000)
     long_run.add_argument("--mode", type=parse_mode, default=parse_mode("sharded:8"))
@@ -508,6 +730,17 @@ def main(argv=None):
             conf=conf,
             rounds=arguments.rounds,
             jvm_warmup_seconds=arguments.jvm_warmup_seconds,
+        )
+    elif arguments.command == "resnet":
+        bench_resnet(
+            arguments.batch_size,
+            arguments.partitions,
+            arguments.iterations,
+            arguments.warmup,
+            arguments.modes,
+            arguments.rounds,
+            conf,
+            arguments.jvm_warmup_seconds,
         )
     elif arguments.command == "warmup":
         bench_warmup(arguments.iterations, arguments.chunk, arguments.mode)

@@ -17,11 +17,11 @@ validation time taken out) and the per-iteration breakdown DistriOptimizer measu
 (``forward_backward``, ``update``, ``spark``: the job's time beyond both, ``driver``).
 
 ``torch`` is PyTorch DDP under Spark's own ``pyspark.ml.torch.distributor.TorchDistributor``
-(``local_mode=True``, P processes x 1 thread, gloo), the tool a Spark user would otherwise
-pick: the same LeNet-5, data, global batch (each rank takes its half of the same shuffled
-global batch), optimizer and validation schedule (each rank scores half the test set and the
-counts are summed with ``all_reduce``); its clock starts before its SparkSession too. It runs
-only when ``torch==2.13.0`` is installed.
+(``local_mode=True``, P processes x 1 thread, gloo; bench/torch_peer.py), the tool a Spark
+user would otherwise pick: the same LeNet-5, data, global batch (each rank takes its half of
+the same shuffled global batch), optimizer and validation schedule (each rank scores half the
+test set and the counts are summed with ``all_reduce``); its clock starts before its
+SparkSession too. It runs only when ``torch==2.13.0`` is installed.
 
 ``main-job`` runs ``jobs/train_lenet.py`` as a user would, with its defaults and then with the
 first wave's defaults (``--update sharded --iterations-per-job 8``), side by side, and prints
@@ -48,6 +48,8 @@ BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(BENCH_DIR)
 sys.path.insert(0, ROOT)
 sys.path.insert(0, BENCH_DIR)
+
+from torch_peer import torch_available  # noqa: E402
 
 DEFAULT_MODES = [
     "sharded",
@@ -172,88 +174,80 @@ def torch_lenet():
     )
 
 
-def ddp_train_to_target(root, target, batch_size, max_epochs, every):
+def ddp_train_to_target(target, batch_size, max_epochs, every):
     """The function TorchDistributor runs in each of its processes (rank 0's result is kept)."""
-    import sys
     import time
 
     import numpy as np
     import torch
     import torch.distributed as dist
-
-    sys.path.insert(0, root)
-    sys.path.insert(0, os.path.join(root, "bench"))
     from time_to_accuracy import LEARNING_RATE, MOMENTUM, SEED, torch_lenet
+    from torch_peer import gloo_process_group, own_share
 
     from bigdl_py.data import fashion_mnist
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    features, labels = fashion_mnist("train")
-    test_features, test_labels = fashion_mnist("test")
-    features, labels = torch.from_numpy(features), torch.from_numpy(labels.astype(np.int64))
-    own_test = slice(rank * len(test_labels) // world, (rank + 1) * len(test_labels) // world)
-    test_x = torch.from_numpy(test_features[own_test])
-    test_y = torch.from_numpy(test_labels[own_test].astype(np.int64))
-    torch.manual_seed(SEED)
-    model = torch.nn.parallel.DistributedDataParallel(torch_lenet())
-    optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE, momentum=MOMENTUM)
-    loss_function = torch.nn.NLLLoss()
-    generator = np.random.default_rng(SEED)
-    validations, iteration, training_seconds = [], 0, 0.0
-    for _epoch in range(max_epochs):
-        order = torch.from_numpy(generator.permutation(len(labels)))
-        for first in range(0, len(order), batch_size):
-            step_started = time.perf_counter()
-            batch = order[first : first + batch_size]
-            own = batch[rank * len(batch) // world : (rank + 1) * len(batch) // world]
-            optimizer.zero_grad()
-            # DDP averages gradients over ranks; each rank's loss is its half's mean, so the
-            # step is the global batch's mean gradient when the halves are equal (64 + 64).
-            loss_function(model(features[own]), labels[own]).backward()
-            optimizer.step()
-            training_seconds += time.perf_counter() - step_started
-            iteration += 1
-            if iteration % every:
-                continue
-            validation_started = time.perf_counter()
-            with torch.no_grad():
-                correct = torch.zeros(2, dtype=torch.float64)
-                for low in range(0, len(test_y), 500):
-                    predicted = model.module(test_x[low : low + 500]).argmax(dim=1)
-                    correct[0] += (predicted == test_y[low : low + 500]).sum().item()
-                correct[1] = len(test_y)
-                dist.all_reduce(correct)
-            accuracy = float(correct[0] / correct[1])
-            validations.append(
-                {
-                    # The wall clock, shared with the parent process (perf_counter is not).
-                    "wall_time": time.time(),
-                    "validation_seconds": time.perf_counter() - validation_started,
-                    "iteration": iteration,
-                    "accuracy": accuracy,
-                }
-            )
-            if accuracy >= target:
-                dist.destroy_process_group()
-                return {
-                    "validations": validations,
-                    "iterations": iteration,
-                    "training_seconds": training_seconds,
-                }
-    dist.destroy_process_group()
-    return {
-        "validations": validations,
-        "iterations": iteration,
-        "training_seconds": training_seconds,
-    }
+    with gloo_process_group() as (rank, world):
+        features, labels = fashion_mnist("train")
+        test_features, test_labels = fashion_mnist("test")
+        features, labels = torch.from_numpy(features), torch.from_numpy(labels.astype(np.int64))
+        test_x = torch.from_numpy(own_share(test_features, rank, world))
+        test_y = torch.from_numpy(own_share(test_labels, rank, world).astype(np.int64))
+        torch.manual_seed(SEED)
+        model = torch.nn.parallel.DistributedDataParallel(torch_lenet())
+        optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE, momentum=MOMENTUM)
+        loss_function = torch.nn.NLLLoss()
+        generator = np.random.default_rng(SEED)
+        validations, iteration, training_seconds = [], 0, 0.0
+        for _epoch in range(max_epochs):
+            order = torch.from_numpy(generator.permutation(len(labels)))
+            for first in range(0, len(order), batch_size):
+                step_started = time.perf_counter()
+                batch = order[first : first + batch_size]
+                own = own_share(batch, rank, world)
+                optimizer.zero_grad()
+                # DDP averages gradients over ranks; each rank's loss is its half's mean, so the
+                # step is the global batch's mean gradient when the halves are equal (64 + 64).
+                loss_function(model(features[own]), labels[own]).backward()
+                optimizer.step()
+                training_seconds += time.perf_counter() - step_started
+                iteration += 1
+                if iteration % every:
+                    continue
+                validation_started = time.perf_counter()
+                with torch.no_grad():
+                    correct = torch.zeros(2, dtype=torch.float64)
+                    for low in range(0, len(test_y), 500):
+                        predicted = model.module(test_x[low : low + 500]).argmax(dim=1)
+                        correct[0] += (predicted == test_y[low : low + 500]).sum().item()
+                    correct[1] = len(test_y)
+                    dist.all_reduce(correct)
+                accuracy = float(correct[0] / correct[1])
+                validations.append(
+                    {
+                        # The wall clock, shared with the parent process (perf_counter is not).
+                        "wall_time": time.time(),
+                        "validation_seconds": time.perf_counter() - validation_started,
+                        "iteration": iteration,
+                        "accuracy": accuracy,
+                    }
+                )
+                if accuracy >= target:
+                    return {
+                        "validations": validations,
+                        "iterations": iteration,
+                        "training_seconds": training_seconds,
+                    }
+        return {
+            "validations": validations,
+            "iterations": iteration,
+            "training_seconds": training_seconds,
+        }
 
 
 def run_torch_distributor(arguments) -> dict:
     """DDP under TorchDistributor to the target; the clock includes its SparkSession's start."""
     started, started_wall = time.perf_counter(), time.time()
-    from pyspark.ml.torch.distributor import TorchDistributor
+    from torch_peer import run_on_torch_distributor
 
     from bigdl_py.spark.session import get_spark
 
@@ -261,14 +255,9 @@ def run_torch_distributor(arguments) -> dict:
     spark.sparkContext.setLogLevel("ERROR")
     session_seconds = time.perf_counter() - started
     every = quarter_epoch_iterations(60000, arguments.batch_size)
-    # One BLAS/OpenMP thread per process, as bigdl_py's tasks use (2 processes x 1 thread).
-    os.environ["OMP_NUM_THREADS"] = "1"
-    distributor = TorchDistributor(
-        num_processes=arguments.partitions, local_mode=True, use_gpu=False
-    )
-    result = distributor.run(
+    result = run_on_torch_distributor(
         ddp_train_to_target,
-        ROOT,
+        arguments.partitions,
         arguments.target,
         arguments.batch_size,
         arguments.max_epochs,
@@ -338,14 +327,6 @@ def format_result(result: dict, torch_seconds: float | None) -> str:
         f"({result['epochs']:.2f} ep)  {result['samples_per_second']:7.0f} samples/s  "
         f"session {result['session_seconds']:.1f} s  {breakdown}"
     )
-
-
-def torch_available() -> bool:
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def bench_modes(arguments) -> None:
