@@ -74,6 +74,14 @@ class Piece(NamedTuple):
     payload: wire.WireArray
 
 
+def shuffle_to_owners(rdd: RDD, count: int) -> RDD:
+    """``rdd.partitionBy(count, owner_partition)``, with array buffers moved unpickled (see
+    :func:`bigdl_py.spark.array_shuffle.shuffle_to_owners`)."""
+    from bigdl_py.spark import array_shuffle  # imports pyspark, which this module does lazily
+
+    return array_shuffle.shuffle_to_owners(rdd, count)
+
+
 def owner_partition(key: int) -> int:
     """The shuffle's partition function: key ``j`` goes to partition ``j``.
 
@@ -159,8 +167,13 @@ def combine(arrays: Sequence[np.ndarray], op: str) -> np.ndarray:
         for array in arrays[1:]:
             function(result, array, out=result)
         return result
-    total = np.array(arrays[0], dtype=_accumulator_dtype(dtype), copy=True)
-    for array in arrays[1:]:
+    accumulator = _accumulator_dtype(dtype)
+    if len(arrays) == 1:
+        total = np.array(arrays[0], dtype=accumulator, copy=True)
+    else:
+        # The first addition allocates the result: one pass less than copying arrays[0].
+        total = np.add(arrays[0], arrays[1], dtype=accumulator, casting="unsafe")
+    for array in arrays[2:]:
         np.add(total, array, out=total, casting="unsafe")
     if op == "mean":
         out_dtype = np.float64 if not np.issubdtype(dtype, np.inexact) else dtype
@@ -213,10 +226,8 @@ def _reduce_scatter_with_shapes(rdd: RDD, op: str, wire_dtype: str | None, opera
     def reduce_owned(owner, iterator):
         yield combine_owned_pieces(owner, (piece for _, piece in iterator), count, op, operation)
 
-    return (
-        rdd.mapPartitionsWithIndex(cut)
-        .partitionBy(count, owner_partition)
-        .mapPartitionsWithIndex(reduce_owned, preservesPartitioning=True)
+    return shuffle_to_owners(rdd.mapPartitionsWithIndex(cut), count).mapPartitionsWithIndex(
+        reduce_owned, preservesPartitioning=True
     )
 
 
@@ -285,10 +296,8 @@ def _shuffle_to_everyone(rdd: RDD, encode_rank: Callable, operation: str) -> RDD
     def receive(owner, iterator):
         yield payloads_by_rank(owner, iterator, count, operation)
 
-    return (
-        rdd.mapPartitionsWithIndex(send)
-        .partitionBy(count, owner_partition)
-        .mapPartitionsWithIndex(receive, preservesPartitioning=True)
+    return shuffle_to_owners(rdd.mapPartitionsWithIndex(send), count).mapPartitionsWithIndex(
+        receive, preservesPartitioning=True
     )
 
 
