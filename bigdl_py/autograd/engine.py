@@ -1,12 +1,16 @@
 """The backward walk: reverse topological order over the recorded graph, iteratively.
 
-Graphs are deep (an unrolled RNN, a chain of 10,000 ops), so both the ordering and the walk
-use an explicit stack, never recursion (micrograd's idea without its recursion).
+The graph's nodes are Functions, and the leaf Tensors at its ends; a Function reaches its
+inputs through ``InputEdge``\\ s, never through the input Tensors, so the walk holds no
+activation that no backward saved. Graphs are deep (an unrolled RNN, a chain of 10,000 ops),
+so both the ordering and the walk use an explicit stack, never recursion (micrograd's idea
+without its recursion).
 """
 
 from __future__ import annotations
 
 from bigdl_py import backend
+from bigdl_py.autograd.function import Function
 
 
 def unbroadcast(gradient, shape: tuple):
@@ -25,64 +29,78 @@ def unbroadcast(gradient, shape: tuple):
     return xp.reshape(gradient, shape)
 
 
+def input_nodes(node) -> list:
+    """The nodes a node's gradient flows to: a Function's recorded inputs; none for a leaf."""
+    if not isinstance(node, Function):
+        return []
+    return [edge.node for edge in node.inputs if edge is not None]
+
+
 def topological_order(root) -> list:
-    """Tensors reachable from ``root`` through ``grad_fn``, inputs before their consumers."""
+    """Nodes reachable from ``root`` (a Function or a leaf Tensor), inputs before consumers."""
     order = []
     visited = {id(root)}
-    # Each stack entry is (tensor, index of the next input to visit).
-    stack = [(root, 0)]
+    # Each stack entry is (node, its input nodes, index of the next one to visit).
+    stack = [(root, input_nodes(root), 0)]
     while stack:
-        tensor, next_input = stack[-1]
-        function = tensor.grad_fn
-        inputs = function.inputs if function is not None else ()
-        if next_input < len(inputs):
-            stack[-1] = (tensor, next_input + 1)
-            child = inputs[next_input]
-            if child.requires_grad and id(child) not in visited:
+        node, children, next_child = stack[-1]
+        if next_child < len(children):
+            stack[-1] = (node, children, next_child + 1)
+            child = children[next_child]
+            if id(child) not in visited:
                 visited.add(id(child))
-                stack.append((child, 0))
+                stack.append((child, input_nodes(child), 0))
         else:
             stack.pop()
-            order.append(tensor)
+            order.append(node)
     return order
 
 
 def run_backward(root, grad_output, retain_graph: bool = False) -> None:
     """Accumulate d(root)/d(leaf) * grad_output into every leaf's ``.grad``."""
-    order = topological_order(root)
-    pending = {id(root): grad_output}
-    for tensor in reversed(order):
-        gradient = pending.pop(id(tensor), None)
+    start = root if root.is_leaf else root.grad_fn
+    order = topological_order(start)
+    pending = {id(start): grad_output}
+    del grad_output  # from here on only ``pending`` holds it, so it is freed once used
+    for node in reversed(order):
+        gradient = pending.pop(id(node), None)
         if gradient is None:
             continue
-        function = tensor.grad_fn
-        if function is None or tensor._retains_grad:
-            tensor._accumulate_grad(gradient)
-        if function is None:
+        if not isinstance(node, Function):
+            node._accumulate_grad(gradient)
             continue
-        if function.released:
-            raise RuntimeError(
-                f"backward through {function.name} a second time: its saved buffers were "
-                "freed after the first backward; pass retain_graph=True to the first call "
-                "if you need to backward twice"
-            )
-        input_gradients = function.backward(gradient)
-        if not isinstance(input_gradients, tuple):
-            input_gradients = (input_gradients,)
-        if len(input_gradients) < len(function.inputs):
-            input_gradients = input_gradients + (None,) * (
-                len(function.inputs) - len(input_gradients)
-            )
-        for child, needed, child_gradient in zip(
-            function.inputs, function.needs_input_grad, input_gradients, strict=False
-        ):
-            if not needed or child_gradient is None:
+        input_gradients = backward_step(node, gradient)
+        del gradient  # the output's gradient is dead now: free it before the next node runs
+        for edge, input_gradient in zip(node.inputs, input_gradients, strict=False):
+            if edge is None or input_gradient is None:
                 continue
-            child_gradient = unbroadcast(child_gradient, child.shape)
-            if child_gradient.dtype != child.dtype:
-                child_gradient = child_gradient.astype(child.dtype)
-            previous = pending.get(id(child))
+            input_gradient = unbroadcast(input_gradient, edge.shape)
+            if input_gradient.dtype != edge.dtype:
+                input_gradient = input_gradient.astype(edge.dtype)
+            previous = pending.get(id(edge.node))
             # Never add in place: a backward may hand the same array to several inputs.
-            pending[id(child)] = child_gradient if previous is None else previous + child_gradient
+            pending[id(edge.node)] = (
+                input_gradient if previous is None else previous + input_gradient
+            )
+        del input_gradients
         if not retain_graph:
-            function.release()
+            node.release()
+
+
+def backward_step(function: Function, gradient) -> tuple:
+    """Run one Function's backward on its output's gradient; the inputs' gradients, padded
+    with None to one per input."""
+    retained = function.retained_output() if function.retained_output is not None else None
+    if retained is not None:
+        retained._accumulate_grad(gradient)
+    if function.released:
+        raise RuntimeError(
+            f"backward through {function.name} a second time: its saved buffers were "
+            "freed after the first backward; pass retain_graph=True to the first call "
+            "if you need to backward twice"
+        )
+    input_gradients = function.backward(gradient)
+    if not isinstance(input_gradients, tuple):
+        input_gradients = (input_gradients,)
+    missing = len(function.inputs) - len(input_gradients)
+    return input_gradients + (None,) * missing if missing > 0 else input_gradients

@@ -7,18 +7,32 @@ none). ``Function.apply`` runs the forward on the inputs' arrays, wraps the resu
 instance as the output's ``grad_fn`` so ``backward`` can walk back through it (tinygrad's
 split: ops see arrays, ``Tensor`` only records the graph).
 
+The graph links Functions, not Tensors: each recorded input is an :class:`InputEdge` to the
+Function that produced it (or to the leaf Tensor itself), with the input's shape and dtype.
+An input's array therefore stays alive only if some backward saved it
+(``save_for_backward``): a ReLU or an addition that needs nothing of its inputs lets the
+previous op's output go as soon as the forward pass moves on, as PyTorch does.
+
 Gradients of broadcast operands are reduced back to the operand's shape by the backward
 walk (``engine.py``), so a ``backward`` may return a gradient of the broadcast shape.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from bigdl_py import backend
 from bigdl_py.autograd.grad_mode import is_grad_enabled
+
+
+class InputEdge(NamedTuple):
+    """Where an input's gradient goes: its producer, and the shape and dtype it must have."""
+
+    node: Any  # the Function that produced the input, or the input itself if it is a leaf
+    shape: tuple
+    dtype: Any
 
 
 class Function:
@@ -29,10 +43,14 @@ class Function:
     differentiable_inputs: tuple[int, ...] | None = None
 
     def __init__(self):
-        self.inputs: tuple = ()
+        # One InputEdge per input, None for an input that needs no gradient.
+        self.inputs: tuple[InputEdge | None, ...] = ()
         self.needs_input_grad: tuple[bool, ...] = ()
         self.saved: tuple = ()
         self.released = False
+        # A weak reference to the output Tensor when it asked to keep its gradient
+        # (``Tensor.retain_grad``): weak, so the graph never keeps an activation alive.
+        self.retained_output = None
 
     # --- to be implemented by subclasses -----------------------------------------------
     def forward(self, *arrays, **options):  # pragma: no cover - abstract
@@ -52,8 +70,8 @@ class Function:
 
     def release(self) -> None:
         """Drop saved buffers so the graph's memory is freed (backward without retain_graph)."""
-        # The inputs go too: they hold the activations, and keeping them alive as long as the
-        # loss tensor lives would keep the whole forward pass in memory.
+        # The edges go too: they hold the earlier Functions and their saved buffers, which
+        # would otherwise live as long as the loss tensor.
         self.saved = ()
         self.inputs = ()
         self.released = True
@@ -82,7 +100,10 @@ class Function:
         record = is_grad_enabled() and any(needs)
         output = Tensor(output_data, requires_grad=record, _copy=False)
         if record:
-            function.inputs = tuple(tensors)
+            function.inputs = tuple(
+                InputEdge(t if t.is_leaf else t.grad_fn, t.shape, t.dtype) if needed else None
+                for t, needed in zip(tensors, needs, strict=True)
+            )
             function.needs_input_grad = needs
             output.grad_fn = function
         return output

@@ -6,6 +6,7 @@ The Tensor only wraps an array and records the graph; every computation lives in
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import numpy as np
@@ -52,7 +53,6 @@ class Tensor:
         self.requires_grad = bool(requires_grad)
         self.grad: Tensor | None = None
         self.grad_fn = None
-        self._retains_grad = False
 
     # --- basic properties ---------------------------------------------------------------
     @property
@@ -179,7 +179,10 @@ class Tensor:
 
     def retain_grad(self) -> Tensor:
         """Keep ``.grad`` on this non-leaf tensor during backward."""
-        self._retains_grad = True
+        if self.grad_fn is not None:
+            # The graph reaches this tensor only through its Function, which must not keep
+            # it (or its array) alive: a weak reference, as the user holds the tensor.
+            self.grad_fn.retained_output = weakref.ref(self)
         return self
 
     def _accumulate_grad(self, gradient) -> None:

@@ -19,7 +19,7 @@ def test_leaves_have_no_grad_fn_and_results_record_their_op():
     assert leaf.is_leaf and leaf.grad_fn is None
     assert result.requires_grad and not result.is_leaf
     assert result.grad_fn.name == "Mul"
-    assert result.grad_fn.inputs[0] is leaf
+    assert result.grad_fn.inputs[0].node is leaf
 
 
 def test_requires_grad_propagates_only_from_inputs_that_require_it():

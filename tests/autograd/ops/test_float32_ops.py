@@ -83,7 +83,7 @@ FLOAT32_CASES = [
     [case[1:] for case in FLOAT32_CASES],
     ids=[case[0] for case in FLOAT32_CASES],
 )
-def test_op_keeps_float32_forward_and_backward(rng, function, shapes):
+def test_op_keeps_float32_forward_and_backward(rng, function, shapes, monkeypatch):
     inputs = [
         Tensor(0.1 + rng.random(shape), requires_grad=True, dtype=np.float32) for shape in shapes
     ]
@@ -92,33 +92,27 @@ def test_op_keeps_float32_forward_and_backward(rng, function, shapes):
     # The upstream gradient comes in float32 too; a backward that upcasts would return float64
     # arrays, which the engine would silently cast back, so check the raw backward outputs.
     upstream = np.ones(output.shape, dtype=np.float32)
-    _assert_backward_stays_float32(output, upstream)
+    _assert_backward_stays_float32(output, upstream, monkeypatch)
     for tensor in inputs:
         assert tensor.grad is None or tensor.grad.dtype == np.float32
 
 
-def _assert_backward_stays_float32(output, upstream):
-    """Walk the graph like the engine does, checking every gradient each backward returns."""
-    from bigdl_py.autograd.engine import topological_order, unbroadcast
+def _assert_backward_stays_float32(output, upstream, monkeypatch):
+    """Run the engine's backward, checking the raw gradients every op's backward returns."""
+    from bigdl_py.autograd import engine
 
-    pending = {id(output): upstream}
-    for tensor in reversed(topological_order(output)):
-        gradient = pending.pop(id(tensor), None)
-        function = tensor.grad_fn
-        if gradient is None or function is None:
-            if gradient is not None:
-                tensor._accumulate_grad(gradient)
-            continue
-        results = function.backward(gradient)
-        results = results if isinstance(results, tuple) else (results,)
-        for child, needed, child_gradient in zip(
-            function.inputs, function.needs_input_grad, results, strict=False
-        ):
-            if not needed or child_gradient is None:
-                continue
-            assert child_gradient.dtype == np.float32, (
-                f"{function.name}.backward returned a {child_gradient.dtype} gradient"
+    real_step = engine.backward_step
+    checked = []
+
+    def checked_step(function, gradient):
+        checked.append(function.name)
+        results = real_step(function, gradient)
+        for result in results:
+            assert result is None or result.dtype == np.float32, (
+                f"{function.name}.backward returned a {result.dtype} gradient"
             )
-            child_gradient = unbroadcast(child_gradient, child.shape)
-            previous = pending.get(id(child))
-            pending[id(child)] = child_gradient if previous is None else previous + child_gradient
+        return results
+
+    monkeypatch.setattr(engine, "backward_step", checked_step)
+    output.backward(upstream)
+    assert checked, "the backward walk ran no op's backward"
