@@ -56,7 +56,7 @@ def one_stage_per_iteration(chain, update):
     for step in range(chain.count + 1):
         rdd = rdd.mapPartitionsWithIndex(stage(chain, step, update))
         if step < chain.count:
-            rdd = rdd.partitionBy(chain.num_partitions, collectives.owner_partition)
+            rdd = collectives.shuffle_to_owners(rdd, chain.num_partitions)
     return rdd
 
 
@@ -80,6 +80,7 @@ def exact_update(spec, partition, received, schedule, iteration, resumed_states,
         l2_scale,
         retain_from=retain_from,
         halted=halted,
+        background=True,
     )
 
 
@@ -142,4 +143,5 @@ def stage(chain, step: int, update):
                 gradient_record(destination, partition, piece, report, halted, history, weights),
             )
 
-    return task
+    # An update's state file is written during the next forward-backward.
+    return owner_update.finishing_state_writes(task)

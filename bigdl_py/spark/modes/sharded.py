@@ -45,12 +45,12 @@ class Sharded(TrainingMode):
     def build_chain(self, chain):
         rdd = chain.data_rdd
         for step in range(chain.count):
-            rdd = rdd.mapPartitionsWithIndex(_put_gradients(chain, step)).partitionBy(
-                chain.num_partitions, collectives.owner_partition
+            rdd = collectives.shuffle_to_owners(
+                rdd.mapPartitionsWithIndex(_put_gradients(chain, step)), chain.num_partitions
             )
             rdd = rdd.mapPartitionsWithIndex(_update_owned_slice(chain, step))
             if step < chain.count - 1:
-                rdd = rdd.partitionBy(chain.num_partitions, collectives.owner_partition)
+                rdd = collectives.shuffle_to_owners(rdd, chain.num_partitions)
         return rdd
 
     def run(self, run, chain, description):
@@ -89,8 +89,8 @@ def _run_clipped_iteration(run, chain, description: str) -> list[dict]:
             *chain_end(received, entered, started),
         )
 
-    gradients = chain.data_rdd.mapPartitionsWithIndex(_put_gradients(chain, 0)).partitionBy(
-        num_partitions, collectives.owner_partition
+    gradients = collectives.shuffle_to_owners(
+        chain.data_rdd.mapPartitionsWithIndex(_put_gradients(chain, 0)), num_partitions
     )
     norms = run.collect(
         gradients.mapPartitionsWithIndex(aggregate_and_keep),
@@ -213,6 +213,7 @@ def _update_owned_slice(chain, step: int):
             schedule,
             retain_from=retain_from,
             halted=received.halted,
+            background=True,
         )
         history, halted = received.history, received.halted
         if not halted:
@@ -226,4 +227,5 @@ def _update_owned_slice(chain, step: int):
             owner, (new_slice, halted, history), num_partitions
         )
 
-    return update
+    # The state file is written while the new slice goes out to the partitions.
+    return owner_update.finishing_state_writes(update)
