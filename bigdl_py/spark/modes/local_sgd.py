@@ -36,12 +36,18 @@ What the mathematics is:
   therefore always taken at averaging boundaries. Pick ``k`` dividing the iterations per
   epoch (and the validation/checkpoint intervals) to average strictly every ``k``.
 * **A non-finite loss** on a partition leaves that replica as it was for that iteration
-  (its schedule advances); with ``skip_nonfinite_batches=False`` that partition then stops
-  for the rest of the job and training stops at the round's end with the averaged weights.
+  (its schedule advances). With ``skip_nonfinite_batches=True`` the replica goes on with
+  the next batch. Otherwise training stops at that iteration, as in the exact modes, with
+  the weights from before it: the average of the replicas after the iteration before. The
+  partitions learn of the loss only at the round's end, when the others have trained past
+  it, so the driver then trains the job's iterations before it again, from the job's start
+  (the same weights, states and batches give the same bytes), and keeps that average. Only
+  running statistics (BatchNorm's) have seen those batches twice: replicas keep their own.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import numbers
 import time
 from typing import Any, NamedTuple
@@ -119,6 +125,30 @@ class LocalSGD(TrainingMode):
             # than the state the first one left.
             return min(count, self.period - (first - self.warmup_iterations) % self.period)
         return count
+
+    def run(self, run, chain, description):
+        if chain.first < self.warmup_iterations or not chain.stop_after_nonfinite:
+            return super().run(run, chain, description)
+        start = (run.weights, run.buffers, run.initial_optim_states)
+        outcomes = super().run(run, chain, description)
+        stop = next((step for step, done in enumerate(outcomes) if not done["finite"]), None)
+        if stop is None:
+            return outcomes
+        # The replicas whose losses were finite went on past ``stop`` until the round's end:
+        # the weights before it come from training the steps before it again.
+        run.weights, run.buffers, run.initial_optim_states = start
+        before = []
+        if stop > 0:
+            again = dataclasses.replace(
+                chain,
+                shares=chain.shares[:stop],
+                schedules=chain.schedules[:stop],
+                # The first job's copy is released. (Its frozen weights are None: DistriOptimizer
+                # trains the whole model.)
+                get_weights=run.ship(run.weights),
+            )
+            before = super().run(run, again, f"{description}, up to the non-finite loss")
+        return before + outcomes[stop : stop + 1]
 
     def build_chain(self, chain):
         if chain.first < self.warmup_iterations:
