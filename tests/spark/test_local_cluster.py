@@ -94,13 +94,17 @@ def test_distri_optimizer_survives_a_killed_executor(update):
 
 
 SEPARATE_HOSTS_JOB = os.path.join(os.path.dirname(JOB), "separate_hosts_job.py")
+# Eight trainings, three worker restarts: 3 min measured on 2 cores at load 12 (the test of
+# the sharded update alone losing a host took 2 min 10 s there).
+SEPARATE_HOSTS_TIMEOUT_SECONDS = 600
 
 
 @pytest.mark.slow
 @pytest.mark.spark
 def test_every_mode_trains_on_separate_hosts_and_survives_losing_one():
     """Two workers on 127.0.0.2 and 127.0.0.3 with their own temporary, work and local
-    directories (no shared disk); one is killed while the sharded update runs."""
+    directories (no shared disk). Every mode trains there uninterrupted, then again while
+    one host is killed mid-job; the killed host comes back empty before the next mode."""
     pytest.importorskip("pyspark")
     environment = {
         key: value
@@ -115,25 +119,33 @@ def test_every_mode_trains_on_separate_hosts_and_survives_losing_one():
         [sys.executable, SEPARATE_HOSTS_JOB],
         capture_output=True,
         text=True,
-        timeout=TIMEOUT_SECONDS,
+        timeout=SEPARATE_HOSTS_TIMEOUT_SECONDS,
         env=environment,
         cwd=REPOSITORY,
     )
     lines = [line for line in completed.stdout.splitlines() if line.startswith("RESULT ")]
     assert completed.returncode == 0 and lines, completed.stderr[-3000:]
     report = json.loads(lines[-1][len("RESULT ") :])
-    assert report["executor_hosts"] == ["127.0.0.2", "127.0.0.3"]
+    hosts = ["127.0.0.2", "127.0.0.3"]
+    assert report["executor_hosts"] == hosts
     assert not report["share_a_disk"]
-    # No shared disk: nothing chains (local SGD: one round of 4 iterations per job).
-    assert report["iterations_per_call"] == {
-        "sharded": 1,
-        "replicated": 1,
-        "local-sgd:4": 4,
-        "auto": 1,
-    }
-    for update, error in report["max_abs_error_against_local"].items():
-        assert error <= 1e-5, update
-    assert report["local_sgd_moved"] > 1e-2
-    assert report["killed"] and report["hosts_after"] == ["127.0.0.2"]
-    assert report["iterations"] == 16
-    assert report["killed_run_max_abs_difference"] <= 1e-6
+    modes = report["modes"]
+    assert list(modes) == ["sharded", "replicated", "local-sgd:4", "auto"]
+    # Each host is lost at least once (the killed host alternates between modes).
+    assert {entry["killed"] for entry in modes.values()} == set(hosts)
+    for update, entry in modes.items():
+        # Both hosts serve every mode: the one killed before it came back (a new machine).
+        assert entry["hosts_before"] == hosts, update
+        # No shared disk: nothing chains (local SGD: one round of 4 iterations per job).
+        assert entry["iterations_per_call"] == (4 if update == "local-sgd:4" else 1), update
+        if update == "local-sgd:4":
+            assert entry["moved"] > 1e-2
+        else:  # exact: LocalOptimizer on the same global batches
+            assert entry["max_abs_error_against_local"] <= 1e-5, update
+        # Killed while a job ran, with iterations left to train on one host, and gone for
+        # the rest of the run; the run still ends at MaxIteration(12) with the same weights.
+        assert entry["killed"] in hosts, update
+        assert 1 <= entry["killed_in_job_from_iteration"] < 12, update
+        assert entry["hosts_after"] == [host for host in hosts if host != entry["killed"]]
+        assert entry["iterations"] == 12, update
+        assert entry["killed_run_max_abs_difference"] <= 1e-6, update
