@@ -1,13 +1,16 @@
 """Matrix product, with NumPy's rules for 1-d operands and batch broadcasting.
 
-On the CPU, when BLAS may use several threads, the 2-d products (``Linear``'s three and a
-2-d ``matmul``'s) are split along the longer side of the result among the convolutions'
-threads (``conv_tiles.for_each_tile``), each running a one-thread GEMM, instead of being
-handed to BLAS's own threads: a woken OpenBLAS thread spins for ~0.1 s after its GEMM and
-takes a core from the convolutions' tiles that come next (``conv_tiles`` gives the numbers).
+On the CPU, when BLAS may use several threads, every product here runs on the
+convolutions' threads (``conv_tiles.for_each_tile``), each GEMM on one BLAS thread, instead
+of being handed to BLAS's own threads: a woken OpenBLAS thread spins for ~0.1 s after its
+GEMM and takes a core from the tiles of the ops that come next (``conv_tiles`` gives the
+numbers). 2-d products (``Linear``'s three, a 2-d ``matmul``) are split along the longer
+side of the result, stacks of matrices along their leading axis.
 """
 
 from __future__ import annotations
+
+import numpy as np
 
 from bigdl_py import backend
 from bigdl_py.autograd.function import Function
@@ -20,12 +23,12 @@ _MIN_SPLIT_MULTIPLY_ADDS = 1 << 22
 
 def matmul_2d(a, b):
     """``a (M, K) @ b (K, N)``, on the CPU split among the tile threads (see the module)."""
-    workers = 1 if backend.is_cupy_array(a) else worker_count()
-    if workers == 1:
-        return a @ b
-    xp = backend.array_module(a)
     rows, inner = a.shape
     columns = b.shape[1]
+    workers = 1 if backend.is_cupy_array(a) else worker_count()
+    if workers == 1 or rows == 0 or columns == 0:
+        return a @ b
+    xp = backend.array_module(a)
     out = xp.empty((rows, columns), dtype=xp.result_type(a, b))
     by_rows = rows >= columns
     extent = rows if by_rows else columns
@@ -40,6 +43,35 @@ def matmul_2d(a, b):
             xp.matmul(a, b[:, start:stop], out=out[:, start:stop])
 
     for_each_tile(extent, size, work)
+    return out
+
+
+def matmul_any(a, b):
+    """``a @ b`` with NumPy's rules, on the CPU on the tile threads (see the module)."""
+    if a.ndim == 2 and b.ndim == 2:
+        return matmul_2d(a, b)
+    xp = backend.array_module(a)
+    workers = 1 if backend.is_cupy_array(a) else worker_count()
+    if workers == 1 or a.size == 0 or b.size == 0:
+        return xp.matmul(a, b)
+    if a.ndim == 1 or b.ndim == 1:  # a matrix-vector product: one tile, BLAS held to one thread
+        results = []
+        for_each_tile(1, 1, lambda start, stop, scratch: results.append(xp.matmul(a, b)))
+        return results[0]
+    # Broadcast views (no copies) of both stacks over the batch axes, split along the first.
+    batch_shape = tuple(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
+    a_stack = xp.broadcast_to(a, batch_shape + a.shape[-2:])
+    b_stack = xp.broadcast_to(b, batch_shape + b.shape[-2:])
+    out = xp.empty(batch_shape + (a.shape[-2], b.shape[-1]), dtype=xp.result_type(a, b))
+    items = batch_shape[0]
+    size = items
+    if out.size * a.shape[-1] >= _MIN_SPLIT_MULTIPLY_ADDS:
+        size = -(-items // (2 * workers))  # two parts per thread: a stack's parts may be small
+
+    def work(start, stop, _scratch):
+        xp.matmul(a_stack[start:stop], b_stack[start:stop], out=out[start:stop])
+
+    for_each_tile(items, size, work)
     return out
 
 
@@ -58,9 +90,7 @@ class MatMul(Function):
                 f"(inner sizes {inner_a} != {inner_b})"
             )
         self.save_for_backward(a, b)
-        if a.ndim == 2 and b.ndim == 2:
-            return matmul_2d(a, b)
-        return backend.array_module(a).matmul(a, b)
+        return matmul_any(a, b)
 
     def backward(self, grad):
         a, b = self.saved
@@ -77,11 +107,11 @@ class MatMul(Function):
             g2 = g2[..., None, :]
         grad_a = grad_b = None
         if self.needs_input_grad[0]:
-            grad_a = xp.matmul(g2, xp.swapaxes(b2, -1, -2))
+            grad_a = matmul_any(g2, xp.swapaxes(b2, -1, -2))
             if a.ndim == 1:
                 grad_a = grad_a.reshape(grad_a.shape[:-2] + (a.shape[0],))
         if self.needs_input_grad[1]:
-            grad_b = xp.matmul(xp.swapaxes(a2, -1, -2), g2)
+            grad_b = matmul_any(xp.swapaxes(a2, -1, -2), g2)
             if b.ndim == 1:
                 grad_b = grad_b.reshape(grad_b.shape[:-2] + (b.shape[0],))
         return grad_a, grad_b

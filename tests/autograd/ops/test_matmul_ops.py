@@ -69,3 +69,43 @@ def test_linear_split_among_threads_matches_numpy(monkeypatch, rng, input_shape)
     np.testing.assert_allclose(x.grad.data, upstream @ weight.data, rtol=1e-13)
     np.testing.assert_allclose(weight.grad.data, flat_upstream.T @ flat_x, rtol=1e-13)
     np.testing.assert_allclose(bias.grad.data, flat_upstream.sum(axis=0), rtol=1e-13)
+
+
+@pytest.mark.parametrize(
+    "a_shape, b_shape",
+    [
+        ((5, 3, 4), (4, 6)),
+        ((3, 4), (5, 4, 2)),
+        ((2, 1, 3, 4), (5, 4, 2)),
+        ((4,), (2, 4, 3)),
+        ((2, 3, 4), (4,)),
+        ((0, 3, 4), (4, 2)),
+        ((2, 3, 0), (0, 4)),
+    ],
+    ids=[
+        "stack_by_matrix",
+        "matrix_by_stack",
+        "broadcast_stacks",
+        "vector_by_stack",
+        "stack_by_vector",
+        "empty_stack",
+        "empty_inner",
+    ],
+)
+def test_stacked_products_split_among_threads_match_numpy(monkeypatch, rng, a_shape, b_shape):
+    monkeypatch.setattr(matmul, "_MIN_SPLIT_MULTIPLY_ADDS", 1)
+    a = Tensor(rng.standard_normal(a_shape), requires_grad=True)
+    b = Tensor(rng.standard_normal(b_shape), requires_grad=True)
+    expected = np.matmul(a.data, b.data)
+    upstream = rng.standard_normal(expected.shape)
+    with backend.blas_threads(2):
+        product = ops.matmul(a, b)
+        (product * Tensor(upstream)).sum().backward()
+    np.testing.assert_allclose(product.data, expected, rtol=1e-13, atol=1e-13)
+    # The gradients of the same product taken as one NumPy matmul per operand.
+    a_ref = Tensor(a.data, requires_grad=True)
+    b_ref = Tensor(b.data, requires_grad=True)
+    with backend.blas_threads(1):
+        (ops.matmul(a_ref, b_ref) * Tensor(upstream)).sum().backward()
+    np.testing.assert_allclose(a.grad.data, a_ref.grad.data, rtol=1e-13, atol=1e-13)
+    np.testing.assert_allclose(b.grad.data, b_ref.grad.data, rtol=1e-13, atol=1e-13)
