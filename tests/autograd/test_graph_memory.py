@@ -23,7 +23,7 @@ def test_an_input_no_backward_saved_is_freed_with_its_tensor():
     x = _leaf()
     middle = x + 1.0
     middle_array = weakref.ref(middle.data)
-    output = ops.relu(middle)  # ReLU's backward needs a mask, not its input
+    output = ops.relu(middle)  # ReLU's backward reads its output, not its input
     del middle
     assert middle_array() is None
     output.sum().backward()
@@ -73,6 +73,15 @@ def test_retain_grad_does_not_keep_the_intermediate_alive():
     assert middle_tensor() is None
     loss.backward()  # the retained tensor is gone: nothing to fill, and no error
     np.testing.assert_array_equal(x.grad.numpy(), [3.0, 0.0, 3.0])
+
+
+def test_relu_keeps_only_its_output_which_the_next_op_usually_saves_too():
+    x = _leaf()
+    output = ops.relu(x)
+    saved = output.grad_fn.saved
+    assert len(saved) == 1 and saved[0] is output.data
+    output.sum().backward()
+    np.testing.assert_array_equal(x.grad.numpy(), [1.0, 0.0, 1.0])
 
 
 def test_batch_norm_keeps_only_what_its_backward_saved():
