@@ -61,7 +61,6 @@ def run_backward(root, grad_output, retain_graph: bool = False) -> None:
     start = root if root.is_leaf else root.grad_fn
     order = topological_order(start)
     pending = {id(start): grad_output}
-    del grad_output  # from here on only ``pending`` holds it, so it is freed once used
     for node in reversed(order):
         gradient = pending.pop(id(node), None)
         if gradient is None:
