@@ -365,26 +365,46 @@ def _by_col2im(grad, weight, geometry, input_hw):
     rows = in_channels * kernel_h * kernel_w
     size, on_gpu = _tiles(batch, rows, out_hw[0] * out_hw[1], grad)
 
+    # For stride 1 the gradient's rows are laid out full width (``padded_w`` positions, the
+    # last ``padded_w - OW`` of them zeros): then a kernel offset's contribution to one
+    # sample's channel is ONE contiguous run of the frame, ``OH * padded_w`` long, instead
+    # of ``OH`` runs of ``OW``. A run's tail spills into the next row's first columns (or the
+    # frame's slack row) only from the zero positions. LeNet's second layer's input gradient
+    # (8x8 rows): 1.9 ms CPU with the short runs at batch 64.
+    full_width = tuple(stride) == (1, 1)
+    row_width = padded_w if full_width else out_hw[1]
+
     def work(start, stop, scratch):
         tile = stop - start
-        grouped_grad = _channels_first_tile(grad, start, stop, groups, scratch, "grad")
+        grouped_grad = _channels_first_tile(grad, start, stop, groups, scratch, "grad", row_width)
         grad_columns = scratch_array(
             scratch, "columns", (groups, rows // groups, grouped_grad.shape[2]), grad.dtype, xp
         )
         xp.matmul(grouped_weight_t, grouped_grad, out=grad_columns)
-        grad_columns = grad_columns.reshape(
-            in_channels, kernel_h, kernel_w, tile, out_hw[0], out_hw[1]
-        )
         # Summed channel-major, like the columns, so each add reads a contiguous block
         # (1.4x faster on LeNet's second layer); one transpose copy gives NCHW at the end.
+        frame_rows = padded_h + 1 if full_width else padded_h  # one slack row for the spill
         frame = scratch_array(
-            scratch, "frame", (in_channels, tile, padded_h, padded_w), grad.dtype, xp
+            scratch, "frame", (in_channels, tile, frame_rows, padded_w), grad.dtype, xp
         )
         frame[...] = 0
+        if full_width:
+            runs = grad_columns.reshape(in_channels, kernel_h, kernel_w, tile, -1)
+            flat_frame = frame.reshape(in_channels, tile, -1)
+            length = runs.shape[-1]
+        else:
+            windows = grad_columns.reshape(
+                in_channels, kernel_h, kernel_w, tile, out_hw[0], out_hw[1]
+            )
         for row in range(kernel_h):
             for col in range(kernel_w):
-                rows_, cols = offset_slices((row * dilation[0], col * dilation[1]), stride, out_hw)
-                frame[:, :, rows_, cols] += grad_columns[:, row, col]
+                offset = (row * dilation[0], col * dilation[1])
+                if full_width:
+                    first = offset[0] * padded_w + offset[1]
+                    flat_frame[:, :, first : first + length] += runs[:, row, col]
+                else:
+                    rows_, cols = offset_slices(offset, stride, out_hw)
+                    frame[:, :, rows_, cols] += windows[:, row, col]
         inside = frame[:, :, padding[0] : padding[0] + height, padding[1] : padding[1] + width]
         output[start:stop] = xp.swapaxes(inside, 0, 1)
 
