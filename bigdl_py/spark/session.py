@@ -44,6 +44,14 @@ RECOMMENDED_CONF: dict[str, str] = {
     # writer holds one buffer per reduce partition (200 x 1 MB per task for a SQL shuffle),
     # so it is not set.
     "spark.broadcast.compress": "false",
+    # Tried with the raw-buffer shuffle (bigdl_py.spark.array_shuffle), not set: Kryo as
+    # spark.serializer made all_reduce of 64 MB slower (1.5-2.2 s -> 3.3-3.8 s, N = 2,
+    # A/B/A/B sessions, load 11-17 on 2 cores); spark.shuffle.checksum.enabled=false stayed
+    # within the noise (64 MB 1.4-3.4 s against 1.5-2.2 s). The sort shuffle
+    # (bypassMergeThreshold=1) ran out of the default 1g heap at 256 MB per rank
+    # (bench/RESULTS.md): its sorter holds a task's records in the heap and looks at memory
+    # only every 32 records, and a task writes N, so spark.memory.fraction is no cure (by
+    # reading Spark's Spillable, not measured).
     # A Python worker's pickled slices and received buffers are tens of MB; glibc maps each
     # fresh (mmap, page faults, munmap) above its 32 MB ceiling. From the heap, and with up
     # to 256 MB of freed heap kept, pickling 32 MB took 2-14 ms instead of 26-86 and
