@@ -41,8 +41,11 @@ What the mathematics is:
   the weights from before it: the average of the replicas after the iteration before. The
   partitions learn of the loss only at the round's end, when the others have trained past
   it, so the driver then trains the job's iterations before it again, from the job's start
-  (the same weights, states and batches give the same bytes), and keeps that average. Only
-  running statistics (BatchNorm's) have seen those batches twice: replicas keep their own.
+  (the same weights, states, running statistics and batches give the same bytes), and
+  keeps that average.
+* **Running statistics** (BatchNorm's) are averaged with the weights at the end of every
+  round, and every job of local rounds starts from the driver's copy of the last average:
+  a replica rebuilt on another host has no other.
 """
 
 from __future__ import annotations
@@ -127,10 +130,12 @@ class LocalSGD(TrainingMode):
         return count
 
     def run(self, run, chain, description):
-        if chain.first < self.warmup_iterations or not chain.stop_after_nonfinite:
+        if chain.first < self.warmup_iterations:
             return super().run(run, chain, description)
         start = (run.weights, run.buffers, run.initial_optim_states)
-        outcomes = super().run(run, chain, description)
+        outcomes = self._run_rounds(run, chain, description)
+        if not chain.stop_after_nonfinite:
+            return outcomes
         stop = next((step for step, done in enumerate(outcomes) if not done["finite"]), None)
         if stop is None:
             return outcomes
@@ -147,17 +152,26 @@ class LocalSGD(TrainingMode):
                 # trains the whole model.)
                 get_weights=run.ship(run.weights),
             )
-            before = super().run(run, again, f"{description}, up to the non-finite loss")
+            before = self._run_rounds(run, again, f"{description}, up to the non-finite loss")
         return before + outcomes[stop : stop + 1]
 
-    def build_chain(self, chain):
+    def _run_rounds(self, run, chain, description):
+        """A job of local rounds whose replicas start from the driver's running statistics."""
+        return run.collect_chain(self.build_chain(chain, run.buffers), chain, description)
+
+    def build_chain(self, chain, buffers=None):
+        """The chain's stages; a job of local rounds loads ``buffers`` (the running statistics
+        the last job averaged) into every replica first. A replica keeps its own between
+        jobs otherwise, and one rebuilt after a cache miss (a lost host, another Python
+        worker) the model's initial ones: both differ from the averaged ones."""
         if chain.first < self.warmup_iterations:
             return one_stage_per_iteration(chain, exact_update)
         rounds = self.rounds(chain.first, chain.count)
         fractions = _share_fractions([len(share) for share in chain.shares[0]])
         rdd = chain.data_rdd
         for index in range(len(rounds) + 1):
-            rdd = rdd.mapPartitionsWithIndex(_round_stage(chain, rounds, index, fractions))
+            stage = _round_stage(chain, rounds, index, fractions, buffers if index == 0 else None)
+            rdd = rdd.mapPartitionsWithIndex(stage)
             if index < len(rounds):
                 rdd = rdd.partitionBy(chain.num_partitions, collectives.owner_partition)
         return rdd
@@ -239,9 +253,10 @@ def _average(partition: int, rows: list, count: int):
     return weights, buffers, halted, history, clock, state
 
 
-def _round_stage(chain, rounds: list, index: int, fractions: list[float]):
+def _round_stage(chain, rounds: list, index: int, fractions: list[float], driver_buffers=None):
     """Stage ``index``: average the previous round's replicas (when index > 0), then train
-    round ``index`` locally (when index < len(rounds)) and send the result to everyone."""
+    round ``index`` locally (when index < len(rounds)) and send the result to everyone. The
+    first stage loads ``driver_buffers`` (running statistics by name), when given."""
     num_partitions, bounds, first = chain.num_partitions, chain.bounds, chain.first
     load_spec, handles, get_frozen = chain.load_spec, chain.handles, chain.get_frozen
     driver_weights = chain.get_weights if index == 0 else None
@@ -258,7 +273,7 @@ def _round_stage(chain, rounds: list, index: int, fractions: list[float]):
         rows = drain(rows)
         if index == 0:
             (handle,) = rows
-            weights, buffers, halted, history = driver_weights(), None, False, []
+            weights, buffers, halted, history = driver_weights(), driver_buffers, False, []
         else:
             handle = handles[partition]
             weights, buffers, halted, history, clock, state = _average(

@@ -1,0 +1,61 @@
+"""LocalSGD's running statistics (BatchNorm's) do not depend on which Python worker, or
+host, holds a replica: every job of local rounds starts from the driver's average."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from blob_data import BATCH, blobs
+
+from bigdl_py import nn
+from bigdl_py.optim import SGD
+from bigdl_py.spark import DistriOptimizer, LocalSGD, worker
+from bigdl_py.train import MaxIteration
+
+pytestmark = pytest.mark.spark
+
+
+def batch_norm_classifier():
+    with nn.init.seeded(1):
+        return nn.Sequential(
+            nn.Linear(10, 16), nn.BatchNorm1d(16), nn.Tanh(), nn.Linear(16, 3), nn.LogSoftmax()
+        )
+
+
+def trained_state(sc, forget_before=None) -> dict[str, np.ndarray]:
+    """Parameters and buffers after 8 iterations of LocalSGD(period=2), one round a job;
+    before the job of iteration ``forget_before`` every Python worker drops its cache, as a
+    replaced host starts empty (the optimizer state is still on the shared disk)."""
+    optimizer = DistriOptimizer(
+        batch_norm_classifier(),
+        blobs(),
+        nn.NLLLoss(),
+        SGD(lr=0.1, momentum=0.9),
+        batch_size=BATCH,
+        end_trigger=MaxIteration(8),
+        num_partitions=2,
+        iterations_per_job=2,
+        update=LocalSGD(period=2),
+        progress=False,
+    )
+    run_iterations = optimizer.runner.run_iterations
+
+    def forgetting(steps, stop_after_nonfinite):
+        if steps[0].iteration == forget_before:
+            sc.parallelize(range(16), 16).foreach(lambda _: worker.clear())
+        return run_iterations(steps, stop_after_nonfinite)
+
+    optimizer.runner.run_iterations = forgetting
+    with optimizer:
+        model = optimizer.optimize()
+    return {name: np.array(value) for name, value in model.state_dict().items()}
+
+
+def test_local_sgd_running_statistics_survive_rebuilt_replicas(spark):
+    uninterrupted = trained_state(spark.sparkContext)
+    rebuilt = trained_state(spark.sparkContext, forget_before=4)
+    assert uninterrupted.keys() == rebuilt.keys()
+    for name, value in uninterrupted.items():
+        np.testing.assert_array_equal(rebuilt[name], value, err_msg=name)
+    initial = batch_norm_classifier().state_dict()
+    assert np.abs(uninterrupted["1.running_mean"] - np.array(initial["1.running_mean"])).max() > 0
