@@ -113,7 +113,7 @@ def for_each_tile(
     """
     tiles = [(start, min(start + size, batch)) for start in range(0, batch, size)]
     workers = 1 if on_gpu else worker_count()
-    if workers <= 1 or len(tiles) == 1:
+    if workers <= 1 or len(tiles) <= 1:
         scratch: dict = {}
         with _blas_held_to_one(workers > 1):
             for start, stop in tiles:

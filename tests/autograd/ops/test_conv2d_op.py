@@ -255,3 +255,10 @@ def test_a_single_tile_runs_with_blas_held_to_one_thread():
         )
         assert conv_tiles.worker_count() == 2
     assert seen == [1]
+
+
+def test_an_empty_batch_makes_no_tiles_at_any_thread_count():
+    calls = []
+    with backend.blas_threads(2):
+        scratches = conv_tiles.for_each_tile(0, 1, lambda *tile: calls.append(tile))
+    assert calls == [] and scratches == [{}]
