@@ -22,7 +22,13 @@ from __future__ import annotations
 
 from bigdl_py import backend
 from bigdl_py.autograd.function import Function
-from bigdl_py.autograd.ops.conv_tiles import for_each_tile, scratch_array, tile_size, worker_count
+from bigdl_py.autograd.ops.conv_tiles import (
+    MIN_THREADED_MULTIPLY_ADDS,
+    for_each_tile,
+    scratch_array,
+    tile_size,
+    worker_count,
+)
 
 
 def pair(value, name: str, op_name: str) -> tuple[int, int]:
@@ -167,13 +173,16 @@ def _store_tile(product, out, start, stop, bias=None) -> None:
         xp.add(samples, bias.reshape(1, -1, 1, 1), out=out[start:stop])
 
 
-def _tiles(batch, rows, columns_per_sample, array):
-    """Samples per tile for columns of ``rows`` x ``columns_per_sample`` per sample, and
-    whether the arrays live on a GPU."""
+def _tiles(batch, rows, columns_per_sample, array, products):
+    """Samples per tile for columns of ``rows`` x ``columns_per_sample`` per sample, whether
+    the arrays live on a GPU, and whether the tiles are worth sharing among threads (each
+    column enters ``products`` dot products of length ``rows``)."""
     on_gpu = backend.is_cupy_array(array)
+    threaded = batch * columns_per_sample * rows * products >= MIN_THREADED_MULTIPLY_ADDS
+    workers = worker_count() if threaded else 1
     bytes_per_sample = rows * columns_per_sample * array.itemsize
-    size = tile_size(batch, bytes_per_sample, worker_count(), on_gpu, columns_per_sample)
-    return size, on_gpu
+    size = tile_size(batch, bytes_per_sample, workers, on_gpu, columns_per_sample)
+    return size, on_gpu, threaded
 
 
 def convolve(x, weight, stride, before, padded_hw, dilation, groups: int, bias=None):
@@ -189,7 +198,7 @@ def convolve(x, weight, stride, before, padded_hw, dilation, groups: int, bias=N
     output = xp.empty((batch, out_channels) + out_hw, dtype=x.dtype)
     grouped_weight = weight.reshape(groups, out_channels // groups, -1)
     rows = grouped_weight.shape[2] * groups
-    size, on_gpu = _tiles(batch, rows, out_hw[0] * out_hw[1], x)
+    size, on_gpu, threaded = _tiles(batch, rows, out_hw[0] * out_hw[1], x, out_channels // groups)
     full_width = _full_width(stride, padded_hw[1], out_hw[1])
 
     def work(start, stop, scratch):
@@ -203,7 +212,7 @@ def convolve(x, weight, stride, before, padded_hw, dilation, groups: int, bias=N
         xp.matmul(grouped_weight, columns, out=product)  # (g, O/g, T*L): one GEMM per group
         _store_tile(product, output, start, stop, bias)
 
-    for_each_tile(batch, size, work, on_gpu)
+    for_each_tile(batch, size, work, on_gpu, threaded)
     return output
 
 
@@ -231,7 +240,7 @@ def convolution_weight_gradient(
     out_channels, in_per_group, kernel_h, kernel_w = weight_shape
     out_hw = grad.shape[2:]
     rows = in_per_group * groups * kernel_h * kernel_w
-    size, on_gpu = _tiles(batch, rows, out_hw[0] * out_hw[1], x)
+    size, on_gpu, threaded = _tiles(batch, rows, out_hw[0] * out_hw[1], x, out_channels // groups)
     full_width = _full_width(stride, padded_hw[1], out_hw[1])
 
     def work(start, stop, scratch):
@@ -254,7 +263,7 @@ def convolution_weight_gradient(
                 scratch["bias"] = sums
 
     # A thread that found no tile left has an empty scratch.
-    parts = [scratch for scratch in for_each_tile(batch, size, work, on_gpu) if scratch]
+    parts = [scratch for scratch in for_each_tile(batch, size, work, on_gpu, threaded) if scratch]
     weight_grad = parts[0]["weight"]
     bias_grad = parts[0].get("bias")
     for part in parts[1:]:
@@ -363,7 +372,9 @@ def _by_col2im(grad, weight, geometry, input_hw):
     padded_h, padded_w = height + 2 * padding[0], width + 2 * padding[1]
     output = xp.empty((batch, in_channels, height, width), dtype=grad.dtype)
     rows = in_channels * kernel_h * kernel_w
-    size, on_gpu = _tiles(batch, rows, out_hw[0] * out_hw[1], grad)
+    size, on_gpu, threaded = _tiles(
+        batch, rows, out_hw[0] * out_hw[1], grad, out_channels // groups
+    )
 
     # For stride 1 the gradient's rows are laid out full width (``padded_w`` positions, the
     # last ``padded_w - OW`` of them zeros): then a kernel offset's contribution to one
@@ -408,7 +419,7 @@ def _by_col2im(grad, weight, geometry, input_hw):
         inside = frame[:, :, padding[0] : padding[0] + height, padding[1] : padding[1] + width]
         output[start:stop] = xp.swapaxes(inside, 0, 1)
 
-    for_each_tile(batch, size, work, on_gpu)
+    for_each_tile(batch, size, work, on_gpu, threaded)
     return output
 
 

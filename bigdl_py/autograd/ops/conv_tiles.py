@@ -48,6 +48,11 @@ TILE_BYTES = 4 << 20
 MIN_SPLIT_BYTES = 1 << 20
 # Fewest columns (output positions) a tile's GEMMs get, whatever that costs in buffer size.
 MIN_COLUMNS = 1024
+# Fewest multiply-adds of a convolution whose tiles are shared among threads; smaller ones
+# (LeNet-5's, 5-15M at batch 64-128) run their tiles on the calling thread. With another
+# process on the second core (load 4 on the 2-core machine) LeNet-5's step at batch 64 took
+# 9.3-10.7 ms at two threads with them shared, 7.3-7.6 ms at one thread.
+MIN_THREADED_MULTIPLY_ADDS = 1 << 24
 
 _state_lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
@@ -103,17 +108,22 @@ def tile_size(
 
 
 def for_each_tile(
-    batch: int, size: int, work: Callable[[int, int, dict], None], on_gpu: bool = False
+    batch: int,
+    size: int,
+    work: Callable[[int, int, dict], None],
+    on_gpu: bool = False,
+    threaded: bool = True,
 ) -> list[dict]:
     """Call ``work(start, stop, scratch)`` for each tile ``[start, stop)`` of the batch.
 
     Each thread passes its own ``scratch`` dict to every tile it takes (buffers to reuse,
     sums to accumulate); the dicts are returned, one per thread that ran, for the caller to
-    combine. ``work`` must write only to its own tile's part of shared outputs.
+    combine. ``work`` must write only to its own tile's part of shared outputs. With
+    ``threaded=False`` the calling thread takes every tile (BLAS still held to one thread).
     """
     tiles = [(start, min(start + size, batch)) for start in range(0, batch, size)]
     workers = 1 if on_gpu else worker_count()
-    if workers <= 1 or len(tiles) <= 1:
+    if workers <= 1 or len(tiles) <= 1 or not threaded:
         scratch: dict = {}
         with _blas_held_to_one(workers > 1):
             for start, stop in tiles:

@@ -194,6 +194,7 @@ def test_tiles_shared_among_threads_give_the_one_tile_result(
     with backend.blas_threads(1):
         expected = conv_results(op, arrays, **settings)
     monkeypatch.setattr(conv, "tile_size", lambda *args: samples_per_tile)
+    monkeypatch.setattr(conv, "MIN_THREADED_MULTIPLY_ADDS", 0)  # share even these tiny tiles
     with backend.blas_threads(2):
         tiled = conv_results(op, arrays, **settings)
         # The BLAS limit the threads ran under is given back.
@@ -262,3 +263,23 @@ def test_an_empty_batch_makes_no_tiles_at_any_thread_count():
     with backend.blas_threads(2):
         scratches = conv_tiles.for_each_tile(0, 1, lambda *tile: calls.append(tile))
     assert calls == [] and scratches == [{}]
+
+
+def test_small_convolutions_keep_their_tiles_on_the_calling_thread(monkeypatch, rng):
+    # Below MIN_THREADED_MULTIPLY_ADDS handing tiles to another thread costs more than it
+    # saves; the tiles still run, with BLAS held to one thread.
+    seen = []
+    real_for_each_tile = conv.for_each_tile
+
+    def recording(batch, size, work, on_gpu=False, threaded=True):
+        seen.append(threaded)
+        return real_for_each_tile(batch, size, work, on_gpu, threaded)
+
+    monkeypatch.setattr(conv, "for_each_tile", recording)
+    x = Tensor(rng.standard_normal((4, 2, 6, 6)), requires_grad=True)
+    weight = Tensor(rng.standard_normal((3, 2, 3, 3)), requires_grad=True)
+    with backend.blas_threads(2):
+        ops.conv2d(x, weight).sum().backward()
+        monkeypatch.setattr(conv, "MIN_THREADED_MULTIPLY_ADDS", 0)
+        ops.conv2d(x, weight).sum().backward()
+    assert seen == [False] * 3 + [True] * 3  # forward, weight and input gradients
