@@ -88,28 +88,14 @@ def _time_job(function) -> float:
     return (time.perf_counter() - start) * 1e3
 
 
-def _pickled_shuffle(rdd, count):
-    """The route before the raw-buffer shuffle: PySpark's partitionBy pickles the buckets."""
-    from bigdl_py.spark import collectives
-
-    return rdd.partitionBy(count, collectives.owner_partition)
-
-
-def _all_reduce_job(sc, count, megabytes, wire_dtype, via="shuffle", values="raw"):
+def _all_reduce_job(sc, count, megabytes, wire_dtype, via="shuffle"):
     from bigdl_py.spark import collectives
 
     source = _rank_arrays(sc, count, megabytes)
     expected = count * (int(megabytes * MB) // 4)
-    raw_shuffle = collectives.shuffle_to_owners
 
     def job():
-        # The shuffles are built on the driver: swapping the function for the job's
-        # construction is enough to compare the two routes in one session.
-        collectives.shuffle_to_owners = raw_shuffle if values == "raw" else _pickled_shuffle
-        try:
-            result = collectives.all_reduce(source, "sum", wire_dtype, via=via)
-        finally:
-            collectives.shuffle_to_owners = raw_shuffle
+        result = collectives.all_reduce(source, "sum", wire_dtype, via=via)
         elements = _count_elements(result)
         collectives.release(result)
         if elements != expected:
@@ -221,7 +207,7 @@ def _memcpy_ms(megabytes, repeats) -> list[float]:
 # --- run -------------------------------------------------------------------------------------
 
 
-def run(sizes, counts, wires, rounds, repeats, warm_s, via, extra=None, values=("raw",)):
+def run(sizes, counts, wires, rounds, repeats, warm_s, via, extra=None):
     try:
         import torch.distributed  # noqa: F401
 
@@ -239,10 +225,10 @@ def run(sizes, counts, wires, rounds, repeats, warm_s, via, extra=None, values=(
         f"driver memory {sc.getConf().get('spark.driver.memory', '1g (default)')}"
     )
     print(
-        "| N | M (MB) | wire | values | bigdl_py ms | make ms | gloo ms | memcpy ms "
+        "| N | M (MB) | wire | bigdl_py ms | make ms | gloo ms | memcpy ms "
         "| x gloo | x memcpy | load |"
     )
-    print("|---" * 11 + "|")
+    print("|---" * 10 + "|")
     for count in counts:
         group = GlooGroup(count) if have_torch else None
         try:
@@ -250,22 +236,14 @@ def run(sizes, counts, wires, rounds, repeats, warm_s, via, extra=None, values=(
                 make_job = _make_job(sc, count, megabytes)
                 for wire_dtype in wires:
                     wire_name = None if wire_dtype == "float32" else wire_dtype
-                    jobs = {
-                        kind: _all_reduce_job(sc, count, megabytes, wire_name, via, kind)
-                        for kind in values
-                    }
-                    for job in jobs.values():
-                        job()  # this size's first job
-                    ours = {kind: [] for kind in values}
+                    job = _all_reduce_job(sc, count, megabytes, wire_name, via)
+                    job()  # this size's first job
+                    ours = []
                     made, gloo, copies = [], [], []
                     gloo_note = ""
                     for _ in range(rounds):
-                        for repeat in range(repeats):
-                            # A/B then B/A: a job pays for the JVM garbage of the one before
-                            # it (64 MB, first-listed route 4-30 % faster in A/B/A/B order).
-                            order = list(jobs) if repeat % 2 == 0 else list(jobs)[::-1]
-                            for kind in order:
-                                ours[kind].append(_time_job(jobs[kind]))
+                        for _ in range(repeats):
+                            ours.append(_time_job(job))
                             made.append(_time_job(make_job))
                         if group is not None:
                             outcome = group.all_reduce_ms(megabytes, wire_dtype, repeats)
@@ -277,15 +255,14 @@ def run(sizes, counts, wires, rounds, repeats, warm_s, via, extra=None, values=(
                         copies.extend(_memcpy_ms(megabytes, repeats))
                     gloo_ms = _median(gloo)
                     copy_ms = _median(copies)
-                    for kind in values:
-                        net = max(_median(ours[kind]) - _median(made), 0.0)
-                        print(
-                            f"| {count} | {megabytes:g} | {wire_dtype} | {kind} | {net:.0f} "
-                            f"| {_median(made):.0f} | {gloo_ms:.1f}{gloo_note} "
-                            f"| {copy_ms:.2f} | {net / gloo_ms:.1f} | {net / copy_ms:.0f} "
-                            f"| {_load()} |",
-                            flush=True,
-                        )
+                    net = max(_median(ours) - _median(made), 0.0)
+                    print(
+                        f"| {count} | {megabytes:g} | {wire_dtype} | {net:.0f} "
+                        f"| {_median(made):.0f} | {gloo_ms:.1f}{gloo_note} "
+                        f"| {copy_ms:.2f} | {net / gloo_ms:.1f} | {net / copy_ms:.0f} "
+                        f"| {_load()} |",
+                        flush=True,
+                    )
         finally:
             if group is not None:
                 group.close()
@@ -456,14 +433,6 @@ def main(argv=None):
     parser.add_argument("--n", type=int, nargs="*", default=None, help="ranks")
     parser.add_argument("--wire", nargs="*", default=["float32", "bfloat16"])
     parser.add_argument("--via", default="shuffle", choices=("shuffle", "broadcast"))
-    parser.add_argument(
-        "--values",
-        nargs="*",
-        default=["raw"],
-        choices=("raw", "pickled"),
-        help="how the shuffles carry array bytes: raw buffers (the library's route) or "
-        "PySpark's pickled partitionBy (the route before it); several alternate, A/B/B/A",
-    )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--warm-s", type=float, default=40.0)
@@ -494,7 +463,6 @@ def main(argv=None):
             args.warm_s,
             args.via,
             extra,
-            args.values,
         )
 
 

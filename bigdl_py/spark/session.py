@@ -44,7 +44,7 @@ RECOMMENDED_CONF: dict[str, str] = {
     # writer holds one buffer per reduce partition (200 x 1 MB per task for a SQL shuffle),
     # so it is not set.
     "spark.broadcast.compress": "false",
-    # Tried with the raw-buffer shuffle (bigdl_py.spark.array_shuffle), not set: Kryo as
+    # Tried and not set: Kryo as
     # spark.serializer made all_reduce of 64 MB slower (1.5-2.2 s -> 3.3-3.8 s, N = 2,
     # A/B/A/B sessions, load 11-17 on 2 cores); spark.shuffle.checksum.enabled=false stayed
     # within the noise (64 MB 1.4-3.4 s against 1.5-2.2 s). The sort shuffle
