@@ -27,10 +27,14 @@ The first three end in LogSoftmax and take the NLL loss.
 Both frameworks build the same layers by the same names (``bigdl_py.nn`` follows PyTorch's),
 and PyTorch's model starts from bigdl_py's initial weights (the table's JSON lines give the
 difference of the first losses, in evaluation mode). The BLAS thread count is set
-with threadpoolctl (``bigdl_py.backend.blas_threads``) and ``torch.set_num_threads``. Steps
-of the two frameworks alternate (ours, theirs, ours, ...) so that load from other processes
-on a shared machine hits both alike; the table gives medians (and fastest runs) after
-warm-up, and the ratio bigdl_py / torch.
+with threadpoolctl (``bigdl_py.backend.blas_threads``) and ``torch.set_num_threads``. The two
+frameworks take turns in blocks of ``STEPS_PER_BLOCK`` steps (ours, theirs, ours, ...) so that
+load from other processes on a shared machine hits both alike; before each block the process
+sleeps ``SETTLE_SECONDS`` and runs one untimed step. Alternating single steps was unfair at
+two threads: OpenBLAS's and OpenMP's idle threads spin for ~0.1 s after a parallel region
+(OpenBLAS's THREAD_TIMEOUT), so each framework's spinning threads took a core from the
+other's next step (2026-11-25: torch's MLP step 12.6-20.7 ms alternating, 7.7 alone). The
+table gives medians (and fastest runs) after warm-up, and the ratio bigdl_py / torch.
 
 Peak memory is the most memory allocated during one step above what was allocated when it
 began (parameters, gradients, velocities and the batch live between steps in both): for
@@ -203,6 +207,10 @@ def seconds(run: Callable) -> float:
     return time.perf_counter() - start
 
 
+STEPS_PER_BLOCK = 5
+SETTLE_SECONDS = 0.3
+
+
 def measure_step(key: str, threads: int, repeats: int, warmup: int, torch) -> dict:
     """Median and fastest step times (ms), and peak memory (MB), of both frameworks."""
     spec = MODELS[key]
@@ -222,9 +230,11 @@ def measure_step(key: str, threads: int, repeats: int, warmup: int, torch) -> di
             for step in steps.values():
                 step()
         times = {framework: [] for framework in steps}
-        for _ in range(repeats):
+        for _ in range(-(-repeats // STEPS_PER_BLOCK)):
             for framework, step in steps.items():
-                times[framework].append(seconds(step))
+                time.sleep(SETTLE_SECONDS)  # the other framework's spinning threads sleep
+                step()  # untimed: this framework's data back in cache
+                times[framework].extend(seconds(step) for _ in range(STEPS_PER_BLOCK))
         for framework, samples in times.items():
             result[f"{framework}_ms"] = 1000 * statistics.median(samples)
             result[f"{framework}_best_ms"] = 1000 * min(samples)
