@@ -232,7 +232,7 @@ class Report(NamedTuple):
     loss_sum: float
     samples: int
     seconds: float  # the forward-backward's compute
-    buffers: dict | None  # partition 0's running statistics, last iteration, to owner 0 only
+    buffers: dict | None  # partition 0's running statistics after this forward, to owner 0 only
     clock: tuple[float, float]  # wall clock when the task entered and left Python
 
 
@@ -244,18 +244,24 @@ def replica_gradient(
     halted: bool,
     local_indices: np.ndarray,
     iteration: int,
-    last: bool,
+    report_buffers: bool,
     entered: float,
     frozen_weights: np.ndarray | None = None,
     batch_size: int | None = None,
+    start_buffers: dict | None = None,
 ) -> tuple[np.ndarray, Report]:
     """Forward-backward of ``partition`` on its share ``local_indices`` of iteration
     ``iteration``: its gradient and report; zeros once an earlier iteration of the chain
-    stopped it (non-finite loss). Partition 0 reports its running statistics (BatchNorm) in
-    the chain's ``last`` iteration. The gradient is that of (share / ``batch_size``) x the
-    share's mean loss; ``batch_size`` defaults to the global batch (``spec.batch_size``)."""
+    stopped it (non-finite loss). With ``report_buffers``, partition 0 reports its running
+    statistics (BatchNorm's) after the forward. ``start_buffers``, when given, are loaded
+    first: the exact modes hand partition 0's statistics from each iteration to the next,
+    so a replica rebuilt in another Python worker or on another host continues them. The
+    gradient is that of (share / ``batch_size``) x the share's mean loss; ``batch_size``
+    defaults to the global batch (``spec.batch_size``)."""
     started = time.perf_counter()
     replica = worker.fetch(spec.run_id, ("replica", partition), lambda: Replica(spec, handle))
+    if start_buffers:
+        replica.load_buffers(start_buffers)
     if halted:
         gradient, loss_sum, samples = np.zeros(weights.size, weights.dtype), 0.0, 0
     else:
@@ -269,7 +275,7 @@ def replica_gradient(
             frozen_weights,
         )
     buffers = None
-    if last and partition == 0 and replica.buffer_names:
+    if report_buffers and partition == 0 and replica.buffer_names:
         buffers = replica.buffers()
     seconds = time.perf_counter() - started
     return gradient, Report(loss_sum, samples, seconds, buffers, (entered, time.time()))

@@ -116,10 +116,15 @@ def history_with(received: Received, started: float) -> list | None:
     return received.history + [entry]
 
 
+def received_buffers(received: Received) -> dict | None:
+    """Partition 0's running statistics, where they came with the gradients (to 0 only)."""
+    return next((report.buffers for report in received.reports if report.buffers), None)
+
+
 def chain_end(received: Received, entered: float, started: float) -> tuple:
     """The last update's ``(buffers, timings)`` for the driver."""
     reports = received.reports
-    buffers = next((report.buffers for report in reports if report.buffers is not None), None)
+    buffers = received_buffers(received)
     timings = {
         "fb_entered": min(report.clock[0] for report in reports),
         "fb_left": max(report.clock[1] for report in reports),
@@ -151,6 +156,11 @@ class Chain:
     initial_states: dict | None
     handles: dict
     data_rdd: Any
+    # The run's running statistics (BatchNorm's) are partition 0's replica's. They reach its
+    # next forward through the chain's records and, between jobs, through the driver: a
+    # replica rebuilt after a cache miss (another Python worker, a lost or replaced host)
+    # would otherwise restart from the model's initial statistics.
+    buffers: dict | None = None
 
     @property
     def count(self) -> int:
@@ -245,6 +255,7 @@ class SparkTrainingRun:
             initial_states=self.initial_optim_states,
             handles={handle["partition"]: handle for handle in self.data.partition_handles},
             data_rdd=self.data.handles,
+            buffers=self.buffers,
         )
         return self.mode.run(self, chain, description)
 

@@ -30,6 +30,7 @@ from bigdl_py.spark.training_run import (
     gradient_record,
     history_with,
     receive_gradients,
+    received_buffers,
 )
 
 
@@ -93,6 +94,7 @@ def stage(chain, step: int, update):
     count, num_partitions, bounds = chain.count, chain.num_partitions, chain.bounds
     load_spec, handles, first = chain.load_spec, chain.handles, chain.first
     driver_weights = chain.get_weights if step == 0 else None
+    driver_buffers = chain.buffers if step == 0 else None
     resumed_states = chain.initial_states if step == 1 else None
     updated = first + step - 1
     schedule = chain.schedules[step - 1] if step > 0 else None
@@ -108,9 +110,11 @@ def stage(chain, step: int, update):
         if step == 0:
             (handle,) = rows
             weights, halted, history = driver_weights(), False, []
+            buffers = driver_buffers
         else:
             handle = handles[partition]
             received = receive_gradients(partition, rows, num_partitions)
+            buffers = received_buffers(received)
             weights = update(
                 spec, partition, received, schedule, updated, resumed_states, retain_from
             )
@@ -132,9 +136,10 @@ def stage(chain, step: int, update):
             halted,
             shares[partition],
             first + step,
-            step == count - 1,
+            True,
             entered,
             get_frozen(),
+            start_buffers=buffers if partition == 0 else None,
         )
         piece = collectives.whole_piece(partition, gradient, spec.wire_dtype)
         for destination in range(num_partitions):

@@ -32,6 +32,7 @@ from bigdl_py.spark.training_run import (
     gradient_record,
     history_with,
     receive_gradients,
+    received_buffers,
 )
 
 
@@ -138,12 +139,13 @@ def _run_clipped_iteration(run, chain, description: str) -> list[dict]:
 
 def _put_gradients(chain, step: int):
     """Stage 1 of iteration ``chain.first + step``: forward-backward, gradient slices to owners."""
-    count, num_partitions, bounds = chain.count, chain.num_partitions, chain.bounds
+    num_partitions, bounds = chain.num_partitions, chain.bounds
     load_spec, handles = chain.load_spec, chain.handles
-    iteration, shares, last = chain.first + step, chain.shares[step], step == count - 1
+    iteration, shares = chain.first + step, chain.shares[step]
     # Only the first stage reads the driver's weights: the closure of every other
     # stage must not drag them (pickled into each stage's tasks) along.
     driver_weights = chain.get_weights if step == 0 else None
+    driver_buffers = chain.buffers if step == 0 else None
     get_frozen = chain.get_frozen
 
     def forward_backward(partition, rows):
@@ -153,11 +155,12 @@ def _put_gradients(chain, step: int):
         if step == 0:  # the cached handles RDD, and the driver's weights
             (handle,) = rows
             weights, halted, history = driver_weights(), False, []
+            buffers = driver_buffers
         else:  # the weight partitions every owner sent
             handle = handles[partition]
             received = collectives.payloads_by_rank(partition, rows, num_partitions)
             weights = np.concatenate([np.asarray(payload[0]) for payload in received])
-            halted, history = received[0][1], received[0][2]
+            halted, history, buffers = received[0][1], received[0][2], received[0][3]
         gradient, report = replica_gradient(
             spec,
             partition,
@@ -166,9 +169,10 @@ def _put_gradients(chain, step: int):
             halted,
             shares[partition],
             iteration,
-            last,
+            True,
             entered,
             get_frozen(),
+            start_buffers=buffers if partition == 0 else None,
         )
         for owner, piece in collectives.pieces_for_owners(
             partition, gradient, num_partitions, spec.wire_dtype
@@ -223,8 +227,10 @@ def _update_owned_slice(chain, step: int):
             state = owner_update.travelling_state(spec, owner, iteration, bounds)
             yield owner, new_slice, history, *chain_end(received, entered, started), state
             return
+        # Owner 0 passes partition 0's running statistics on to its next forward.
+        buffers = received_buffers(received) if owner == 0 else None
         yield from collectives.payload_for_everyone(
-            owner, (new_slice, halted, history), num_partitions
+            owner, (new_slice, halted, history, buffers), num_partitions
         )
 
     # The state file is written while the new slice goes out to the partitions.

@@ -1,5 +1,6 @@
-"""LocalSGD's running statistics (BatchNorm's) do not depend on which Python worker, or
-host, holds a replica: every job of local rounds starts from the driver's average."""
+"""Running statistics (BatchNorm's) do not depend on which Python worker, or host, holds a
+replica, in any training mode: LocalSGD's jobs start from the driver's average; in the exact
+modes partition 0's statistics (the run's) travel from each iteration to the next."""
 
 from __future__ import annotations
 
@@ -22,8 +23,15 @@ def batch_norm_classifier():
         )
 
 
-def trained_state(sc, forget_before=None) -> dict[str, np.ndarray]:
-    """Parameters and buffers after 8 iterations of LocalSGD(period=2), one round a job;
+UPDATES = {
+    "local-sgd": lambda: LocalSGD(period=2),
+    "replicated": lambda: "replicated",
+    "sharded": lambda: "sharded",
+}
+
+
+def trained_state(sc, update, forget_before=None) -> dict[str, np.ndarray]:
+    """Parameters and buffers after 8 iterations, two a job (LocalSGD(period=2): a round);
     before the job of iteration ``forget_before`` every Python worker drops its cache, as a
     replaced host starts empty (the optimizer state is still on the shared disk)."""
     optimizer = DistriOptimizer(
@@ -35,7 +43,7 @@ def trained_state(sc, forget_before=None) -> dict[str, np.ndarray]:
         end_trigger=MaxIteration(8),
         num_partitions=2,
         iterations_per_job=2,
-        update=LocalSGD(period=2),
+        update=UPDATES[update](),
         progress=False,
     )
     run_iterations = optimizer.runner.run_iterations
@@ -51,9 +59,10 @@ def trained_state(sc, forget_before=None) -> dict[str, np.ndarray]:
     return {name: np.array(value) for name, value in model.state_dict().items()}
 
 
-def test_local_sgd_running_statistics_survive_rebuilt_replicas(spark):
-    uninterrupted = trained_state(spark.sparkContext)
-    rebuilt = trained_state(spark.sparkContext, forget_before=4)
+@pytest.mark.parametrize("update", sorted(UPDATES))
+def test_running_statistics_survive_rebuilt_replicas(spark, update):
+    uninterrupted = trained_state(spark.sparkContext, update)
+    rebuilt = trained_state(spark.sparkContext, update, forget_before=4)
     assert uninterrupted.keys() == rebuilt.keys()
     for name, value in uninterrupted.items():
         np.testing.assert_array_equal(rebuilt[name], value, err_msg=name)
