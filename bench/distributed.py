@@ -182,7 +182,7 @@ def summarise(records, warmup):
 
 def cifar_cnn():
     """bench/engine.py's CIFAR CNN (the same layer list it times against PyTorch)."""
-    from engine import CIFAR_CNN, build
+    from engine_models import CIFAR_CNN, build
 
     return build(nn, CIFAR_CNN)
 
