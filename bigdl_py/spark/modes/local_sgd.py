@@ -130,11 +130,10 @@ class LocalSGD(TrainingMode):
         return count
 
     def run(self, run, chain, description):
-        if chain.first < self.warmup_iterations:
-            return super().run(run, chain, description)
         start = (run.weights, run.buffers, run.initial_optim_states)
-        outcomes = self._run_rounds(run, chain, description)
-        if not chain.stop_after_nonfinite:
+        outcomes = super().run(run, chain, description)
+        # Warm-up is exact: its stages stop at a non-finite loss themselves.
+        if chain.first < self.warmup_iterations or not chain.stop_after_nonfinite:
             return outcomes
         stop = next((step for step, done in enumerate(outcomes) if not done["finite"]), None)
         if stop is None:
@@ -152,26 +151,21 @@ class LocalSGD(TrainingMode):
                 # trains the whole model.)
                 get_weights=run.ship(run.weights),
             )
-            before = self._run_rounds(run, again, f"{description}, up to the non-finite loss")
+            before = super().run(run, again, f"{description}, up to the non-finite loss")
         return before + outcomes[stop : stop + 1]
 
-    def _run_rounds(self, run, chain, description):
-        """A job of local rounds whose replicas start from the driver's running statistics."""
-        return run.collect_chain(self.build_chain(chain, run.buffers), chain, description)
-
-    def build_chain(self, chain, buffers=None):
-        """The chain's stages; a job of local rounds loads ``buffers`` (the running statistics
-        the last job averaged) into every replica first. A replica keeps its own between
-        jobs otherwise, and one rebuilt after a cache miss (a lost host, another Python
-        worker) the model's initial ones: both differ from the averaged ones."""
+    def build_chain(self, chain):
+        """The chain's stages; a job of local rounds loads ``chain.buffers`` (the running
+        statistics the last job averaged) into every replica first. A replica keeps its own
+        between jobs otherwise, and one rebuilt after a cache miss (a lost host, another
+        Python worker) the model's initial ones: both differ from the averaged ones."""
         if chain.first < self.warmup_iterations:
             return one_stage_per_iteration(chain, exact_update)
         rounds = self.rounds(chain.first, chain.count)
         fractions = _share_fractions([len(share) for share in chain.shares[0]])
         rdd = chain.data_rdd
         for index in range(len(rounds) + 1):
-            stage = _round_stage(chain, rounds, index, fractions, buffers if index == 0 else None)
-            rdd = rdd.mapPartitionsWithIndex(stage)
+            rdd = rdd.mapPartitionsWithIndex(_round_stage(chain, rounds, index, fractions))
             if index < len(rounds):
                 rdd = rdd.partitionBy(chain.num_partitions, collectives.owner_partition)
         return rdd
@@ -253,13 +247,14 @@ def _average(partition: int, rows: list, count: int):
     return weights, buffers, halted, history, clock, state
 
 
-def _round_stage(chain, rounds: list, index: int, fractions: list[float], driver_buffers=None):
+def _round_stage(chain, rounds: list, index: int, fractions: list[float]):
     """Stage ``index``: average the previous round's replicas (when index > 0), then train
     round ``index`` locally (when index < len(rounds)) and send the result to everyone. The
-    first stage loads ``driver_buffers`` (running statistics by name), when given."""
+    first stage loads the driver's running statistics (``chain.buffers``), when it has any."""
     num_partitions, bounds, first = chain.num_partitions, chain.bounds, chain.first
     load_spec, handles, get_frozen = chain.load_spec, chain.handles, chain.get_frozen
     driver_weights = chain.get_weights if index == 0 else None
+    driver_buffers = chain.buffers if index == 0 else None
     resumed_states = chain.initial_states if index == 0 else None
     steps = range(*rounds[index]) if index < len(rounds) else range(0)
     shares = [chain.shares[step] for step in steps]
