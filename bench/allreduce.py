@@ -44,6 +44,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from spark_floor import _rank_arrays, _time_ms  # noqa: E402 (bench/ is the script's directory)
+
 MASTER = "local[2]"
 MB = 1 << 20
 
@@ -66,16 +68,6 @@ def _session(extra=None):
     spark = get_spark(MASTER, app_name="allreduce-bench", conf=dict(extra or {}))
     spark.sparkContext.setLogLevel("ERROR")
     return spark
-
-
-def _rank_arrays(sc, count, megabytes):
-    """RDD of ``count`` float32 arrays of ``megabytes`` MB, made inside the tasks."""
-    size = int(megabytes * MB) // 4
-
-    def make(rank):
-        return np.full(size, rank + 1.0, dtype=np.float32)
-
-    return sc.parallelize(range(count), count).map(make)
 
 
 def _count_elements(rdd) -> int:
@@ -283,12 +275,7 @@ def _python_steps(megabytes, count, repeats):
     serializer = pickle.HIGHEST_PROTOCOL  # PySpark's CPickleSerializer
 
     def best(function):
-        samples = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            function()
-            samples.append((time.perf_counter() - start) * 1e3)
-        return _median(samples)
+        return _time_ms(function, repeats, warmup=0)
 
     pieces = list(collectives.pieces_for_owners(0, array, count))
     buckets = [pickle.dumps([pair], serializer) for pair in pieces]
