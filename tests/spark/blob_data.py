@@ -48,6 +48,25 @@ def flat(model) -> np.ndarray:
     return np.concatenate([p.data.ravel() for p in model.parameters()])
 
 
+def local_reference_weights(distributed, features, labels, iterations, batch_size=64):
+    """The exact modes' reference: LocalOptimizer's flat weights after ``iterations`` on the
+    global batches ``distributed`` (a DistriOptimizer of :func:`classifier`, NLL loss,
+    SGD lr 0.1 momentum 0.9) trains on. The local-cluster job scripts use it."""
+    from bigdl_py.optim import SGD
+    from bigdl_py.train import LocalOptimizer, MaxIteration
+
+    reference = LocalOptimizer(
+        classifier(),
+        distributed.local_reference_dataset(features, labels),
+        nn.NLLLoss(),
+        SGD(lr=0.1, momentum=0.9),
+        batch_size=batch_size,
+        end_trigger=MaxIteration(iterations),
+        progress=False,
+    )
+    return flat(reference.optimize())
+
+
 def relative_error(a, b) -> float:
     return float(np.abs(a - b).max() / np.abs(b).max())
 

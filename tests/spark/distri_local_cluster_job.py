@@ -21,13 +21,18 @@ import threading
 import time
 
 import numpy as np
-from blob_data import blobs, classifier, flat  # beside this script, so on its sys.path
+from blob_data import (  # beside this script, so on its sys.path
+    blobs,
+    classifier,
+    flat,
+    local_reference_weights,
+)
 
 from bigdl_py import nn
 from bigdl_py.optim import SGD
 from bigdl_py.spark.distri_optimizer import DistriOptimizer
 from bigdl_py.spark.session import get_spark
-from bigdl_py.train import LocalOptimizer, MaxIteration
+from bigdl_py.train import MaxIteration
 
 MASTER = "local-cluster[2,1,2048]"
 ITERATIONS, KILL_AFTER = 30, 10
@@ -98,16 +103,7 @@ def main(update: str = "sharded", iterations_per_job: int = 8) -> None:
     jvms_after = sorted(set(sc.parallelize(range(8), 8).mapPartitions(executor_jvm).collect()))
 
     if uninterrupted is None:
-        reference = LocalOptimizer(
-            classifier(),
-            optimizer.local_reference_dataset(features, labels),
-            nn.NLLLoss(),
-            SGD(lr=0.1, momentum=0.9),
-            batch_size=64,
-            end_trigger=MaxIteration(ITERATIONS),
-            progress=False,
-        )
-        uninterrupted = flat(reference.optimize())
+        uninterrupted = local_reference_weights(optimizer, features, labels, ITERATIONS)
     local = uninterrupted
     report = {
         "master": sc.master,

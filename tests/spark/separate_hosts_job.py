@@ -30,7 +30,12 @@ import threading
 import time
 
 import numpy as np
-from blob_data import blobs, classifier, flat  # beside this script, so on its sys.path
+from blob_data import (  # beside this script, so on its sys.path
+    blobs,
+    classifier,
+    flat,
+    local_reference_weights,
+)
 
 HOSTS = ("127.0.0.2", "127.0.0.3")
 # KILL_AT is 1-based: the job that runs it is killed (local SGD: inside its second round).
@@ -260,7 +265,7 @@ def run(cluster: Cluster, report: dict) -> None:
     from bigdl_py.optim import SGD
     from bigdl_py.spark import DistriOptimizer, get_spark
     from bigdl_py.spark.session import executors_share_a_disk
-    from bigdl_py.train import LocalOptimizer, MaxIteration
+    from bigdl_py.train import MaxIteration
 
     spark = get_spark(
         cluster.url,
@@ -293,18 +298,7 @@ def run(cluster: Cluster, report: dict) -> None:
         )
 
     def local_weights(distributed):
-        """LocalOptimizer on the global batches of ``distributed`` (an exact mode's run)."""
-        return flat(
-            LocalOptimizer(
-                classifier(),
-                distributed.local_reference_dataset(features, labels),
-                nn.NLLLoss(),
-                SGD(lr=0.1, momentum=0.9),
-                batch_size=64,
-                end_trigger=MaxIteration(ITERATIONS),
-                progress=False,
-            ).optimize()
-        )
+        return local_reference_weights(distributed, features, labels, ITERATIONS)
 
     report["modes"] = {}
     for number, update in enumerate(MODES):
