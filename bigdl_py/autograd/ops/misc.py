@@ -138,30 +138,56 @@ def row_sums(index, rows, count: int):
     """A new ``(count, *rows.shape[1:])`` array whose row ``i`` is the sum of the ``rows[k]``
     with ``index[k] == i`` (zero where no index points): embedding gradients.
 
-    On the CPU the rows are sorted by index and the first row of each run of equal indices
-    is assigned to a zeroed array (those indices are unique); the few repeats are then added
-    with ``np.add.at``, or, when repeats are many (a small vocabulary), every run is summed
-    with one ``add.reduceat`` and assigned instead. Against ``np.add.at`` on every row: 4096
-    rows of 128 into 10,000 about 4x faster, NCF's 1024 rows of 32 into 6,040 3x. CUDA
-    arrays go to ``backend.scatter_add``.
+    CUDA arrays go to ``backend.scatter_add``. On the CPU see :func:`_host_row_sums`.
     """
     xp = backend.array_module(rows)
     result = xp.zeros((count, *rows.shape[1:]), dtype=rows.dtype)
     if backend.is_cupy_array(rows) or index.size == 0:
         backend.scatter_add(result, index, rows)
         return result
-    order = np.argsort(index)
-    sorted_index = index[order]
-    starts_run = np.empty(index.size, dtype=bool)
-    starts_run[0] = True
-    np.not_equal(sorted_index[1:], sorted_index[:-1], out=starts_run[1:])
-    starts = np.flatnonzero(starts_run)
-    repeats = index.size - starts.size
-    if 4 * repeats <= index.size:
-        result[sorted_index[starts]] = rows[order[starts]]
-        if repeats:
-            repeated = ~starts_run
-            np.add.at(result, sorted_index[repeated], rows[order[repeated]])
-    else:
-        result[sorted_index[starts]] = np.add.reduceat(rows[order], starts, axis=0)
+    _host_row_sums(result, index, rows.reshape(index.size, -1))
     return result
+
+
+def _host_row_sums(result, index, rows) -> None:
+    """Add row ``rows[k]`` of a 2-d ``rows`` into ``result[index[k]]`` (``result`` zeroed).
+
+    Each index first claims one of its rows: ``claimant[index] = k`` keeps one ``k`` per
+    index, whichever NumPy wrote last, and reading ``claimant[index]`` back tells every row
+    which row won. Every index is then assigned its winner's row in one fancy assignment
+    (duplicates write the same bytes, so their order does not matter), with each row viewed
+    as one opaque element: NumPy copies those twice as fast as 2-d rows (1024 rows of 32
+    float32: 6.4 us against 12.8). The rows that lost (repeats) are added with a 1-d
+    ``np.add.at`` over their flat element indices, which NumPy has a fast path for (the 2-d
+    ``np.add.at`` takes ~0.3 us a row). Against the earlier sort-based sums (CPU time, one
+    thread): NCF's 1024 rows of 32 into 6,040 45 us against 93, 4096 rows of 128 into
+    10,000 0.43 ms against 1.35.
+
+    With many repeats (a small vocabulary: more than a quarter of the rows) the rows are
+    sorted by index instead and each run summed with one ``add.reduceat``.
+    """
+    rows = np.ascontiguousarray(rows)
+    count, width = result.shape[0], rows.shape[1]
+    result = result.reshape(count, width)  # a view: ``result`` is a fresh contiguous array
+    positions = np.arange(index.size)
+    claimant = np.empty(count, dtype=np.intp)
+    claimant[index] = positions
+    winner = claimant[index]
+    repeats = np.flatnonzero(winner != positions)
+    if 4 * repeats.size > index.size:
+        order = np.argsort(index, kind="stable")
+        sorted_index = index[order]
+        starts_run = np.empty(index.size, dtype=bool)
+        starts_run[0] = True
+        np.not_equal(sorted_index[1:], sorted_index[:-1], out=starts_run[1:])
+        starts = np.flatnonzero(starts_run)
+        result[sorted_index[starts]] = np.add.reduceat(rows[order], starts, axis=0)
+        return
+    row_bytes = np.dtype((np.void, width * rows.itemsize))
+    result_rows = result.view(row_bytes).reshape(count)
+    result_rows[index] = rows.view(row_bytes).reshape(index.size).take(winner)
+    if repeats.size:
+        # intp: an int32 index times the width may overflow.
+        repeated_rows = index[repeats].astype(np.intp)[:, None]
+        flat_index = (repeated_rows * width + np.arange(width)).reshape(-1)
+        np.add.at(result.reshape(-1), flat_index, rows[repeats].reshape(-1))

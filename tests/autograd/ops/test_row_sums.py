@@ -28,3 +28,24 @@ def test_row_sums_add_every_repeated_index(index):
     sums = row_sums(index, rows, 24)
     assert sums.dtype == np.float32
     np.testing.assert_allclose(sums, expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize("index_dtype", [np.int32, np.uint16, np.int64])
+def test_row_sums_of_rows_with_several_axes_and_narrow_indices(index_dtype):
+    # The repeats' flat element indices are built in intp whatever the index dtype.
+    rng = np.random.default_rng(1)
+    index = rng.integers(0, 40, size=30).astype(index_dtype)
+    rows = rng.standard_normal((30, 2, 3))
+    expected = np.zeros((40, 2, 3))
+    np.add.at(expected, index, rows)
+    np.testing.assert_allclose(row_sums(index, rows, 40), expected, rtol=1e-12)
+
+
+def test_row_sums_of_non_contiguous_rows():
+    rng = np.random.default_rng(2)
+    index = np.array([5, 1, 5, 7, 2, 9, 0, 3], dtype=np.int64)
+    wide = rng.standard_normal((8, 6)).astype(np.float32)
+    rows = wide[:, ::2]  # a strided view, as the gradient of a concatenation gives
+    expected = np.zeros((10, 3), dtype=np.float32)
+    np.add.at(expected, index, rows)
+    np.testing.assert_allclose(row_sums(index, rows, 10), expected, rtol=1e-6)
