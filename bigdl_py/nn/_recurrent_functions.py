@@ -1,11 +1,11 @@
 """The recurrences of one LSTM or GRU layer, both directions at once, as fused ``Function``s.
 
 Each layer is a single graph node, so a sequence of any length adds no depth to the backward
-walk. Inside, per direction: the input projection ``x @ W_ih.T + b`` of every time step is
-one GEMM, written straight into the recurrence's layout; what is left, ``h_{t-1} @ W_hh.T``
-and the gate arithmetic, runs in a Python loop over time on raw arrays; the backward is
+walk. Inside, the recurrence runs in a Python loop over time on raw arrays; the backward is
 back-propagation through time written out by hand, then the weights' gradients over all
-steps, one GEMM each.
+steps, one GEMM each. The GRU projects the input of every time step with one GEMM before its
+loop; the LSTM works transposed, batch last, with the input projection inside each step's
+GEMM (see ``LSTMSequence``).
 
 Both directions of a bidirectional layer share the work: at step ``s`` the forward
 direction reads time ``s`` and the reverse one time ``T - 1 - s``. On one BLAS thread (and
@@ -18,10 +18,11 @@ each one's barrier between BLAS threads often waits for a descheduled thread (th
 per-step matmuls of the bench's LSTM took 10-30x the one-thread wall time at two threads
 under load). A one-direction layer with small steps runs with BLAS held to one thread.
 
-Gate layouts are PyTorch's: LSTM ``[i, f, g, o]``, GRU ``[r, z, n]``, stacked along the
-first axis of the weights. Inside, arrays are ``(D, T, N, ...)``: direction, step (in each
-direction's reading order), batch. The layer-layout inputs and outputs are ``(N, T, ...)``
-(``batch_first``) or ``(T, N, ...)``, with the directions side by side along the features.
+The weights' gate layouts are PyTorch's: LSTM ``[i, f, g, o]``, GRU ``[r, z, n]``, stacked
+along the first axis. Inside, the GRU's arrays are ``(D, T, N, ...)``: direction, step (in
+each direction's reading order), batch; the LSTM's put the batch last. The layer-layout
+inputs and outputs are ``(N, T, ...)`` (``batch_first``) or ``(T, N, ...)``, with the
+directions side by side along the features.
 """
 
 from __future__ import annotations
@@ -77,147 +78,229 @@ class LSTMSequence(Function):
     time (the directions side by side), row ``T`` the final hidden state ``h_n`` and row
     ``T + 1`` the final cell state ``c_n`` of each direction (the reverse direction's final
     states are those at time 0).
-    """
 
-    gate_kinds = ("sigmoid", "sigmoid", "tanh", "sigmoid")
+    Inside, everything is transposed, batch last: a step's gates are ``W @ z_t`` with ``W =
+    [W_ih | W_hh | b_ih + b_hh]`` and ``z_t = [x_t; h_{t-1}; 1]`` a column block ``(F + H +
+    1, N)`` of one array that holds every step's input, hidden state and a row of ones
+    (``_lstm_columns``). So a step is one GEMM that also does the input projection and the
+    bias, each gate is a contiguous ``(H, N)`` block (row views of the bench's ``(32, 512)``
+    gates took 3-4x as long per operation), and the weights' gradients are one GEMM over all
+    steps, ``dW = dgates @ columns.T``, the bias's being the column of ones. Gates are kept
+    in the order ``[g, i, f, o]`` (PyTorch's rows permuted): the sigmoid gates are one block
+    and the cell's three inputs another, which saves operations per step.
+    """
 
     def forward(
         self, x, weight_ih, weight_hh, h0, c0, bias_ih=None, bias_hh=None, batch_first=True
     ):
         xp = backend.array_module(x)
-        directions, _, size = weight_hh.shape
-        activations = _GateActivations(xp, self.gate_kinds, size, x.dtype)
-        # Every step's gates, pre-activation at first: the input projection with both biases
-        # and the activation's inner scale; each step then adds h_{t-1} @ W_hh.T and
-        # activates in place.
-        bias = None if bias_ih is None else (bias_ih + bias_hh) * activations.scale
-        inputs = _inputs_by_direction(x, directions, batch_first)
-        gates = _empty_gates(inputs, weight_ih)
-        scaled_weight_ih = activations.scaled_transposed(weight_ih)
-        scaled_weight_hh = activations.scaled_transposed(weight_hh)
-        steps, batch = inputs.shape[1:3]
-        hiddens = xp.empty((directions, steps + 1, batch, size), dtype=x.dtype)  # h_0 .. h_T
-        cells = xp.empty_like(hiddens)  # c_0 .. c_T
-        tanh_cells = xp.empty((directions, steps, batch, size), dtype=x.dtype)
-        hiddens[:, 0], cells[:, 0] = h0, c0
+        directions, gate_width, size = weight_hh.shape
+        features = weight_ih.shape[2]
+        weights = _lstm_weights(weight_ih, weight_hh, bias_ih, bias_hh)
+        # sigmoid(a) = 0.5 * tanh(0.5 * a) + 0.5: one tanh over every gate, nothing can
+        # overflow; the inner 0.5 goes into the sigmoid gates' rows (exact: a power of two).
+        scaled_weights = weights.copy()
+        scaled_weights[:, size:] *= 0.5
+        columns = _lstm_columns(x, directions, size, bias_ih is not None, batch_first)
+        hidden_rows = slice(features, features + size)
+        columns[:, hidden_rows, 0] = xp.swapaxes(h0, 1, 2)
+        steps, batch = columns.shape[2] - 1, columns.shape[3]
+        gates = xp.empty((directions, steps, gate_width, batch), dtype=x.dtype)
+        cells = xp.empty((directions, steps + 1, size, batch), dtype=x.dtype)  # c_0 .. c_T
+        cells[:, 0] = xp.swapaxes(c0, 1, 2)
+        tanh_cells = xp.empty((directions, steps, size, batch), dtype=x.dtype)
 
         def run(part):
-            _project(inputs[part], scaled_weight_ih[part], _part(bias, part), gates[part])
             _lstm_steps(
+                columns[part],
+                scaled_weights[part],
                 gates[part],
-                hiddens[part],
                 cells[part],
                 tanh_cells[part],
-                scaled_weight_hh[part],
-                activations,
+                features,
             )
 
-        _for_each_direction(x, directions, run, weight_hh[0].size * batch)
+        _for_each_direction(x, directions, run, size * gate_width * batch)
         self.batch_first, self.has_bias = batch_first, bias_ih is not None
-        self.save_for_backward(inputs, gates, hiddens, cells, tanh_cells, weight_ih, weight_hh)
-        return _to_layer_layout(hiddens[:, 1:], [hiddens[:, steps], cells[:, steps]], batch_first)
+        self.save_for_backward(columns, weights, gates, cells, tanh_cells)
+        hiddens = columns[:, hidden_rows]  # (D, H, T + 1, N)
+        return _to_layer_layout(
+            hiddens[:, :, 1:].transpose(0, 2, 3, 1),
+            [xp.swapaxes(hiddens[:, :, steps], 1, 2), xp.swapaxes(cells[:, steps], 1, 2)],
+            batch_first,
+        )
 
     def backward(self, grad):
-        inputs, gates, hiddens, cells, tanh_cells, weight_ih, weight_hh = self.saved
+        columns, weights, gates, cells, tanh_cells = self.saved
         xp = backend.array_module(gates)
-        directions, steps = gates.shape[:2]
-        upstream = _time_major_blocks(grad, directions, self.batch_first)
-        grad_steps = _to_steps(upstream[:steps])
-        grad_hidden = _final_state(upstream[steps])
-        grad_cell = _final_state(upstream[steps + 1])
-        activations = _GateActivations(xp, self.gate_kinds, grad_hidden.shape[-1], gates.dtype)
-        grad_gates = xp.empty_like(gates)
-        gradients = _WeightGradients(inputs, weight_ih, weight_hh, self.needs_input_grad[0])
+        directions, steps, gate_width, batch = gates.shape
+        size = gate_width // 4
+        features = weights.shape[2] - size - self.has_bias
+        upstream = _time_major_blocks(grad, directions, self.batch_first)  # (T + 2, N, D, H)
+        # A classifier on the final states leaves the output sequence's gradient all zeros:
+        # then no step adds one (a pass to check is cheaper than the transposed copy).
+        grad_steps = None
+        if upstream[:steps].any():
+            grad_steps = _to_steps(xp.swapaxes(upstream[:steps], 1, 3))  # (D, T, H, N)
+        grad_hidden = xp.ascontiguousarray(upstream[steps].transpose(1, 2, 0))  # (D, H, N)
+        grad_cell = xp.ascontiguousarray(upstream[steps + 1].transpose(1, 2, 0))
+        hidden_weights_t = xp.ascontiguousarray(
+            xp.swapaxes(weights[:, :, features : features + size], 1, 2)
+        )
+        # Every step's gate gradients as one (4H, T * N) matrix per direction, for the GEMMs.
+        grad_gates = xp.empty((directions, gate_width, steps, batch), dtype=gates.dtype)
+        grad_weights = xp.empty_like(weights)
+        needs_input = self.needs_input_grad[0]
+        inputs_grad = (
+            xp.empty((directions, steps, batch, features), dtype=gates.dtype)
+            if needs_input
+            else None
+        )
 
         def run(part):
             _lstm_steps_backward(
-                grad_steps[part],
+                None if grad_steps is None else grad_steps[part],
                 grad_hidden[part],
                 grad_cell[part],
                 gates[part],
                 cells[part],
                 tanh_cells[part],
-                weight_hh[part],
-                activations,
+                hidden_weights_t[part],
                 grad_gates[part],
             )
-            gradients.add(part, grad_gates[part], grad_gates[part], hiddens[part])
+            count = part.stop - part.start
+            flat_grad_gates = grad_gates[part].reshape(count, gate_width, steps * batch)
+            flat_columns = columns[part, :, :steps].reshape(count, -1, steps * batch)  # a view
+            xp.matmul(flat_grad_gates, xp.swapaxes(flat_columns, 1, 2), out=grad_weights[part])
+            if needs_input:
+                xp.matmul(
+                    xp.swapaxes(flat_grad_gates, 1, 2),
+                    weights[part, :, :features],
+                    out=inputs_grad[part].reshape(count, steps * batch, features),
+                )
 
-        _for_each_direction(gates, directions, run, weight_hh[0].size * gates.shape[2])
-        grad_bias = gradients.bias_ih if self.has_bias else None
+        _for_each_direction(gates, directions, run, size * gate_width * batch)
+        # Back to PyTorch's gate order and parameters.
+        grad_weights = grad_weights[:, _lstm_rows_to_pytorch(size, xp)]
+        grad_bias = grad_weights[:, :, features + size] if self.has_bias else None
         return (
-            gradients.layer_input(self.batch_first),
-            gradients.weight_ih,
-            gradients.weight_hh,
-            grad_hidden,
-            grad_cell,
+            _summed_input_gradient(inputs_grad, self.batch_first),
+            grad_weights[:, :, :features],
+            grad_weights[:, :, features : features + size],
+            xp.ascontiguousarray(xp.swapaxes(grad_hidden, 1, 2)),
+            xp.ascontiguousarray(xp.swapaxes(grad_cell, 1, 2)),
             grad_bias,  # bias_ih and bias_hh enter the gates alike
             grad_bias,
         )
 
 
-def _lstm_steps(gates, hiddens, cells, tanh_cells, scaled_weight_hh, activations) -> None:
-    """The LSTM recurrence of a block of directions, in place: ``gates`` hold the scaled
-    input projections on entry and the activated gates on exit; ``hiddens[:, 0]`` and
-    ``cells[:, 0]`` hold the initial states."""
+def _lstm_rows_from_pytorch(size: int, xp):
+    """Indices of PyTorch's gate rows ``[i, f, g, o]`` in our order ``[g, i, f, o]``."""
+    return xp.concatenate(
+        [xp.arange(2 * size, 3 * size), xp.arange(0, 2 * size), xp.arange(3 * size, 4 * size)]
+    )
+
+
+def _lstm_rows_to_pytorch(size: int, xp):
+    """The inverse permutation of ``_lstm_rows_from_pytorch``."""
+    return xp.concatenate(
+        [xp.arange(size, 3 * size), xp.arange(0, size), xp.arange(3 * size, 4 * size)]
+    )
+
+
+def _lstm_weights(weight_ih, weight_hh, bias_ih, bias_hh):
+    """``[W_ih | W_hh | b_ih + b_hh]`` per direction, rows in our gate order: ``(D, 4H, K)``."""
+    xp = backend.array_module(weight_ih)
+    parts = [weight_ih, weight_hh]
+    if bias_ih is not None:
+        parts.append((bias_ih + bias_hh)[:, :, None])
+    rows = _lstm_rows_from_pytorch(weight_hh.shape[2], xp)
+    return xp.concatenate(parts, axis=2)[:, rows]
+
+
+def _lstm_columns(x, directions: int, size: int, with_bias: bool, batch_first: bool):
+    """``(D, F + H [+ 1], T + 1, N)``: column block ``t`` of direction ``d`` is ``[x_t; h_t;
+    1]`` with ``x`` in that direction's reading order; the ``h`` rows are left for the
+    recurrence to fill (``h_0`` .. ``h_T``), and the ``x`` rows of block ``T`` are zeros."""
+    xp = backend.array_module(x)
+    time_major = _time_major_blocks(x, 1, batch_first)[:, :, 0]  # (T, N, F)
+    steps, batch, features = time_major.shape
+    rows = features + size + (1 if with_bias else 0)
+    columns = xp.empty((directions, rows, steps + 1, batch), dtype=x.dtype)
+    by_feature = xp.moveaxis(time_major, 2, 0)  # (F, T, N), a view
+    for direction in range(directions):
+        columns[direction, :features, :steps] = by_feature[:, ::-1] if direction else by_feature
+    columns[:, :features, steps] = 0
+    if with_bias:
+        columns[:, features + size] = 1
+    return columns
+
+
+def _lstm_steps(columns, scaled_weights, gates, cells, tanh_cells, features: int) -> None:
+    """The LSTM recurrence of a block of directions, in place: fills ``gates`` (activated),
+    ``cells[:, 1:]``, ``tanh_cells`` and the hidden rows of ``columns[:, :, 1:]``."""
     xp = backend.array_module(gates)
-    directions, steps, batch, gate_width = gates.shape
-    hidden_part = xp.empty((directions, batch, gate_width), dtype=gates.dtype)
-    product = xp.empty((directions, batch, gate_width // 4), dtype=gates.dtype)
+    directions, steps, gate_width, batch = gates.shape
+    size = gate_width // 4
+    hiddens = columns[:, features : features + size]
+    product = xp.empty((directions, size, batch), dtype=gates.dtype)
     for t in range(steps):
-        step_gates = gates[:, t]
-        xp.matmul(hiddens[:, t], scaled_weight_hh, out=hidden_part)
-        step_gates += hidden_part
-        activations.activate_(step_gates)
-        input_gate, forget_gate, cell_candidate, output_gate = _split(step_gates, 4)
+        step = gates[:, t]
+        xp.matmul(scaled_weights, columns[:, :, t], out=step)
+        xp.tanh(step, out=step)
+        sigmoid_gates = step[:, size:]
+        sigmoid_gates *= 0.5
+        sigmoid_gates += 0.5
+        candidate, input_gate, forget_gate, output_gate = _split(step, 4, axis=1)
         xp.multiply(forget_gate, cells[:, t], out=cells[:, t + 1])
-        xp.multiply(input_gate, cell_candidate, out=product)
+        xp.multiply(input_gate, candidate, out=product)
         cells[:, t + 1] += product
         xp.tanh(cells[:, t + 1], out=tanh_cells[:, t])
-        xp.multiply(output_gate, tanh_cells[:, t], out=hiddens[:, t + 1])
+        xp.multiply(output_gate, tanh_cells[:, t], out=hiddens[:, :, t + 1])
 
 
 def _lstm_steps_backward(
-    grad_steps, grad_hidden, grad_cell, gates, cells, tanh_cells, weight_hh, activations, out
+    grad_steps, grad_hidden, grad_cell, gates, cells, tanh_cells, hidden_weights_t, grad_gates
 ) -> None:
     """Back-propagation through time of a block of directions: writes the pre-activation
-    gates' gradients into ``out``; ``grad_hidden`` and ``grad_cell`` hold the final states'
-    gradients on entry and the initial states' on exit."""
+    gates' gradients into ``grad_gates (D, 4H, T, N)``; ``grad_hidden`` and ``grad_cell``
+    (``(D, H, N)``) hold the final states' gradients on entry and the initial states' on
+    exit."""
     xp = backend.array_module(gates)
-    size = grad_hidden.shape[-1]
-    # Each activated gate's derivative in one formula for the whole row: y * (m - y) +
-    # (1 - m), with m = 1 on sigmoid gates (y * (1 - y)) and 0 on tanh gates (1 - y**2).
-    sigmoid_columns = 2 * activations.shift  # m
-    tanh_columns = 1 - sigmoid_columns
-    # Views with the four gates on their own axis: [i, f, g, o] = [..., 0..3, :].
-    gate_blocks = gates.reshape(*gates.shape[:3], 4, size)
-    grad_blocks = out.reshape(gate_blocks.shape)
-    product = xp.empty_like(grad_hidden)
-    # Per step on small arrays that stay in cache: whole-sequence passes over the strided
-    # gate blocks measured slower.
-    for t in reversed(range(gates.shape[1])):
-        grad_hidden += grad_steps[:, t]
-        step_gates, step_grad = gates[:, t], out[:, t]
-        xp.subtract(sigmoid_columns, step_gates, out=step_grad)
-        step_grad *= step_gates
-        step_grad += tanh_columns
-        blocks, grad = gate_blocks[:, t], grad_blocks[:, t]
-        tanh_cell = tanh_cells[:, t]
-        # What each gate multiplies: i with g, f with c_{t-1}, g with i, o with tanh(c_t).
-        grad[:, :, 0] *= blocks[:, :, 2]
-        grad[:, :, 1] *= cells[:, t]
-        grad[:, :, 2] *= blocks[:, :, 0]
-        grad[:, :, 3] *= tanh_cell
+    directions, steps, gate_width, batch = gates.shape
+    size = gate_width // 4
+    step_grad = xp.empty((directions, gate_width, batch), dtype=gates.dtype)
+    grad_candidate, grad_input, grad_forget, grad_output = _split(step_grad, 4, axis=1)
+    grad_sigmoids = step_grad[:, size:]
+    # g, i and f act through the cell: one block, scaled by the cell's gradient at once.
+    grad_cell_inputs = step_grad[:, : 3 * size].reshape(directions, 3, size, batch)
+    product = xp.empty((directions, size, batch), dtype=gates.dtype)
+    for t in reversed(range(steps)):
+        if grad_steps is not None:
+            grad_hidden += grad_steps[:, t]
+        step, tanh_cell = gates[:, t], tanh_cells[:, t]
+        candidate, input_gate, forget_gate, output_gate = _split(step, 4, axis=1)
+        # The activations' derivatives: 1 - g**2, and s * (1 - s) for the sigmoid gates.
+        xp.multiply(candidate, candidate, out=grad_candidate)
+        xp.subtract(1, grad_candidate, out=grad_candidate)
+        xp.subtract(1, step[:, size:], out=grad_sigmoids)
+        grad_sigmoids *= step[:, size:]
+        # What each gate multiplies: g with i, i with g, f with c_{t-1}, o with tanh(c_t).
+        grad_candidate *= input_gate
+        grad_input *= candidate
+        grad_forget *= cells[:, t]
+        grad_output *= tanh_cell
         # The cell's gradient through h_t = o * tanh(c_t).
         xp.multiply(tanh_cell, tanh_cell, out=product)
         xp.subtract(1, product, out=product)
-        product *= blocks[:, :, 3]
+        product *= output_gate
         product *= grad_hidden
         grad_cell += product
-        grad[:, :, :3] *= grad_cell[:, :, None, :]  # i, f and g act through the cell
-        grad[:, :, 3] *= grad_hidden  # o through the hidden state
-        grad_cell *= blocks[:, :, 1]
-        xp.matmul(step_grad, weight_hh, out=grad_hidden)
+        grad_cell_inputs *= grad_cell[:, None]
+        grad_output *= grad_hidden
+        grad_cell *= forget_gate
+        grad_gates[:, :, t] = step_grad
+        xp.matmul(hidden_weights_t, step_grad, out=grad_hidden)
 
 
 class GRUSequence(Function):
@@ -430,22 +513,32 @@ class _WeightGradients:
             xp.matmul(flat_input_gates, self.weight_ih_value[part], out=inputs_grad)
 
     def layer_input(self, batch_first: bool):
-        """The layer input's gradient (None if not needed): the directions' parts summed,
-        back in time order and the layer's layout."""
-        if self.inputs_grad is None:
-            return None
-        grad_x = _to_layer_layout(self.inputs_grad[:1], [], batch_first)
-        if self.inputs_grad.shape[0] == 2:
-            target = _time_major_blocks(grad_x, 1, batch_first)[:, :, 0]
-            target += self.inputs_grad[1, ::-1]
-        return grad_x
+        """The layer input's gradient (None if not needed)."""
+        return _summed_input_gradient(self.inputs_grad, batch_first)
+
+
+def _summed_input_gradient(inputs_grad, batch_first: bool):
+    """The layer input's gradient from each direction's part ``(D, T, N, F)`` (None for
+    None): the parts summed, back in time order and the layer's layout."""
+    if inputs_grad is None:
+        return None
+    grad_x = _to_layer_layout(inputs_grad[:1], [], batch_first)
+    if inputs_grad.shape[0] == 2:
+        target = _time_major_blocks(grad_x, 1, batch_first)[:, :, 0]
+        target += inputs_grad[1, ::-1]
+    return grad_x
 
 
 # --- layout helpers -----------------------------------------------------------------------
-def _split(array, parts: int) -> list:
-    """Views of the ``parts`` equal blocks of the last axis (the gates)."""
-    size = array.shape[-1] // parts
-    return [array[..., k * size : (k + 1) * size] for k in range(parts)]
+def _split(array, parts: int, axis: int = -1) -> list:
+    """Views of the ``parts`` equal blocks of ``axis`` (the gates)."""
+    size = array.shape[axis] // parts
+    index = [slice(None)] * array.ndim
+    blocks = []
+    for k in range(parts):
+        index[axis] = slice(k * size, (k + 1) * size)
+        blocks.append(array[tuple(index)])
+    return blocks
 
 
 def _time_major_blocks(array, directions: int, batch_first: bool):
