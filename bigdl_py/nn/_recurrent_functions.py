@@ -227,9 +227,11 @@ def _lstm_columns(x, directions: int, size: int, with_bias: bool, batch_first: b
     steps, batch, features = time_major.shape
     rows = features + size + (1 if with_bias else 0)
     columns = xp.empty((directions, rows, steps + 1, batch), dtype=x.dtype)
-    by_feature = xp.moveaxis(time_major, 2, 0)  # (F, T, N), a view
-    for direction in range(directions):
-        columns[direction, :features, :steps] = by_feature[:, ::-1] if direction else by_feature
+    columns[0, :features, :steps] = xp.moveaxis(time_major, 2, 0)  # (F, T, N)
+    if directions == 2:
+        # From the forward copy, in runs of N: 0.1 ms against 1.6 ms for a second transpose
+        # (the bench's x, (32, 128, 128) float32).
+        columns[1, :features, :steps] = columns[0, :features, steps - 1 :: -1]
     columns[:, :features, steps] = 0
     if with_bias:
         columns[:, features + size] = 1
