@@ -26,6 +26,7 @@ from bigdl_py.autograd.ops.conv_tiles import (
     MIN_THREADED_MULTIPLY_ADDS,
     for_each_tile,
     scratch_array,
+    scratch_matrix,
     tile_size,
     worker_count,
 )
@@ -130,9 +131,12 @@ def _columns_tile(padded, kernel, stride, dilation, out_hw, groups, scratch, nam
         shape=shape,
         strides=(stride_c, stride_h * dilation[0], stride_w * dilation[1], stride_n) + last_axis,
     )
-    columns = scratch_array(scratch, name, windows.shape, padded.dtype, xp)
-    columns[...] = windows
-    return columns.reshape(groups, -1, columns[0, 0, 0].size)
+    width = tile * windows[0, 0, 0, 0].size
+    columns = scratch_matrix(
+        scratch, name, (groups, channels * kernel[0] * kernel[1] // groups, width), padded.dtype, xp
+    )
+    columns.reshape(windows.shape)[...] = windows  # a view: only the rows' distance differs
+    return columns
 
 
 def _full_width(stride, padded_width: int, out_width: int) -> bool:
@@ -151,11 +155,14 @@ def _channels_first_tile(array, start, stop, groups, scratch, name, row_width=No
     tile = array[start:stop]
     channels, samples, (height, width) = tile.shape[1], tile.shape[0], tile.shape[2:]
     row_width = width if row_width is None else row_width
-    buffer = scratch_array(scratch, name, (channels, samples, height, row_width), tile.dtype, xp)
+    matrix = scratch_matrix(
+        scratch, name, (groups, channels // groups, samples * height * row_width), tile.dtype, xp
+    )
+    buffer = matrix.reshape(channels, samples, height, row_width)
     if row_width > width:
         buffer[..., width:] = 0  # every tile: a smaller last tile lays the buffer out anew
     buffer[..., :width] = xp.swapaxes(tile, 0, 1)
-    return buffer.reshape(groups, channels // groups, -1)
+    return matrix
 
 
 def _store_tile(product, out, start, stop, bias=None) -> None:
@@ -206,7 +213,7 @@ def convolve(x, weight, stride, before, padded_hw, dilation, groups: int, bias=N
         columns = _columns_tile(
             padded, (kernel_h, kernel_w), stride, dilation, out_hw, groups, scratch, "columns"
         )
-        product = scratch_array(
+        product = scratch_matrix(
             scratch, "product", (groups, out_channels // groups, columns.shape[2]), x.dtype, xp
         )
         xp.matmul(grouped_weight, columns, out=product)  # (g, O/g, T*L): one GEMM per group
@@ -388,7 +395,7 @@ def _by_col2im(grad, weight, geometry, input_hw):
     def work(start, stop, scratch):
         tile = stop - start
         grouped_grad = _channels_first_tile(grad, start, stop, groups, scratch, "grad", row_width)
-        grad_columns = scratch_array(
+        grad_columns = scratch_matrix(
             scratch, "columns", (groups, rows // groups, grouped_grad.shape[2]), grad.dtype, xp
         )
         xp.matmul(grouped_weight_t, grouped_grad, out=grad_columns)

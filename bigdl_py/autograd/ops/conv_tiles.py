@@ -188,3 +188,29 @@ def scratch_array(scratch: dict, name: str, shape: tuple, dtype, xp=np, zeroed: 
         buffer = (xp.zeros if zeroed else xp.empty)(size, dtype=dtype)
         scratch[key] = buffer
     return buffer[:size].reshape(shape)
+
+
+# GEMM operands whose rows lie a multiple of 4 KiB apart map every row to the same L1/L2
+# cache sets, so the BLAS kernel's packing evicts its own rows. LeNet-5's tiles hit that
+# (columns of 25 x 21504 or 150 x 2048 floats): at one thread its forward GEMMs ran at 25 and
+# 38 GFLOP/s with those rows, 47 and 76 with 64 bytes of padding after each row; ResNet-18's
+# shapes were within noise either way (CPU time, medians of 30).
+CACHE_LINE_BYTES = 64
+
+
+def scratch_matrix(scratch: dict, name: str, shape: tuple, dtype, xp=np):
+    """A reusable ``shape`` buffer (as ``scratch_array``) whose last axis is padded so that
+    consecutive rows start an odd number of cache lines apart; returns a view of ``shape``.
+
+    The rows stay contiguous (BLAS reads the view through its leading dimension); only the
+    distance between them changes. On a GPU the buffer is not padded.
+    """
+    *leading, width = shape
+    itemsize = np.dtype(dtype).itemsize
+    padded_width = width
+    if xp is np and width > 1:
+        lines = -(-width * itemsize // CACHE_LINE_BYTES)
+        lines += 1 - lines % 2  # an odd number of lines
+        padded_width = max(width, lines * CACHE_LINE_BYTES // itemsize)
+    buffer = scratch_array(scratch, name, tuple(leading) + (padded_width,), dtype, xp)
+    return buffer[..., :width]

@@ -283,3 +283,31 @@ def test_small_convolutions_keep_their_tiles_on_the_calling_thread(monkeypatch, 
         monkeypatch.setattr(conv, "MIN_THREADED_MULTIPLY_ADDS", 0)
         ops.conv2d(x, weight).sum().backward()
     assert seen == [False] * 3 + [True] * 3  # forward, weight and input gradients
+
+
+@pytest.mark.parametrize("width", [1, 7, 16, 1024, 5376])
+def test_scratch_matrix_rows_start_an_odd_number_of_cache_lines_apart(width):
+    # Rows a multiple of 4 KiB apart share cache sets and slow the GEMMs (see conv_tiles).
+    scratch = {}
+    matrix = conv_tiles.scratch_matrix(scratch, "columns", (2, 3, width), np.float32)
+    assert matrix.shape == (2, 3, width) and matrix.strides[-1] == 4
+    if width > 1:
+        lines, remainder = divmod(matrix.strides[-2], conv_tiles.CACHE_LINE_BYTES)
+        assert remainder == 0 and lines % 2 == 1 and matrix.strides[-2] >= 4 * width
+    # A smaller matrix reuses the same buffer, again as a view of it.
+    smaller = conv_tiles.scratch_matrix(scratch, "columns", (2, 2, width), np.float32)
+    assert np.shares_memory(smaller, matrix)
+
+
+def test_convolution_with_rows_a_page_apart_matches_the_padded_rows(monkeypatch, rng):
+    # The column and gradient buffers are views with padded rows; the same GEMMs on plain
+    # contiguous buffers must give the same numbers (forward and both gradients).
+    arrays = [rng.standard_normal((8, 3, 6, 6)), rng.standard_normal((4, 3, 3, 3))]
+    padded = conv_results(ops.conv2d, arrays, padding=1)
+
+    def plain(scratch, name, shape, dtype, xp=np):
+        return conv_tiles.scratch_array(scratch, name, shape, dtype, xp)
+
+    monkeypatch.setattr(conv, "scratch_matrix", plain)
+    for got, want in zip(padded, conv_results(ops.conv2d, arrays, padding=1), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
