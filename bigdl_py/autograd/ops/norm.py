@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from bigdl_py import backend
 from bigdl_py.autograd.function import Function
+from bigdl_py.autograd.ops.conv_tiles import for_each_tile, worker_count
 
 
 def buffer_array(buffer):
@@ -28,10 +29,59 @@ def _scale_and_shift(normalized, weight, bias, affine_shape):
     return output
 
 
+# Below this many bytes of input BatchNorm runs as one block on the calling thread; above
+# it the channels are split into one block per BLAS thread (``conv_tiles.for_each_tile``).
+# Cache-sized blocks of a few channels were slower at one thread (ResNet-18's 64x32x32
+# layer, forward: 17.5 ms with 64 KB-1 MB blocks, 13.7 whole): per-call overhead on
+# arrays of 64 short rows outweighed the cache hits.
+MIN_SPLIT_BYTES = 1 << 20
+
+
+def _for_channel_blocks(x, work) -> None:
+    """Run ``work(first, stop, scratch)`` over blocks of channels of ``x (N, C, ...)``."""
+    channels = x.shape[1]
+    on_gpu = backend.is_cupy_array(x)
+    size = channels
+    if not on_gpu and x.size * x.itemsize > MIN_SPLIT_BYTES:
+        size = -(-channels // worker_count())
+    for_each_tile(channels, size, work, on_gpu)
+
+
+def _rows(array, first, stop):
+    """Channels ``[first, stop)`` of ``array (N, C, ...)`` as ``(N, stop - first, rest)``."""
+    return array[:, first:stop].reshape(array.shape[0], stop - first, -1)
+
+
+def _channel_sums(rows):
+    """Per-channel sums of ``rows (N, c, L)``.
+
+    A product with a vector of ones (BLAS, one pass) per row, then over the batch: 2-10x
+    faster than ``sum(axis=2)`` on ResNet-18's layers (64x64x1024 values: 0.30 ms against
+    0.70; 64x512x16: 0.06 against 0.61).
+    """
+    xp = backend.array_module(rows)
+    return xp.matmul(rows, xp.ones(rows.shape[2], dtype=rows.dtype)).sum(axis=0)
+
+
+def _channel_dots(first, second):
+    """Per-channel sums of ``first * second`` (both ``(N, c, L)``) in one pass, no temporary.
+
+    ``vecdot`` (a BLAS dot per row) on long rows, ``einsum`` on short ones, where it was 2x
+    faster (64x512x16 values: 0.17 ms against 0.41; 64x64x1024: 0.88 against 0.63).
+    """
+    xp = backend.array_module(first)
+    if backend.is_cupy_array(first):
+        return (first * second).sum(axis=(0, 2))
+    if first.shape[2] >= 64:
+        return xp.vecdot(first, second).sum(axis=0)
+    return xp.einsum("nci,nci->c", first, second)
+
+
 class BatchNorm(Function):
     """Normalise each channel (axis 1) over the batch and spatial axes.
 
     Inputs are ``x`` followed by ``weight`` and/or ``bias`` when given (``affine`` says which).
+    Both directions run over blocks of channels, one per thread (``_for_channel_blocks``).
     """
 
     def forward(
@@ -63,8 +113,6 @@ class BatchNorm(Function):
                     f"batch_norm: {name} must have shape ({channels},) for input of shape "
                     f"{tuple(x.shape)}, got {tuple(value.shape)}"
                 )
-        axes = (0,) + tuple(range(2, x.ndim))
-        per_channel = (1, channels) + (1,) * (x.ndim - 2)
         count = x.size // channels
         if training:
             if count < 2:
@@ -72,14 +120,8 @@ class BatchNorm(Function):
                     f"batch_norm: training needs more than one value per channel, got input "
                     f"of shape {tuple(x.shape)}"
                 )
-            mean = x.mean(axis=axes)
-            centered = x - mean.reshape(per_channel)
-            # Biased variance normalises (as PyTorch does); the running estimate is unbiased.
-            variance = (centered * centered).mean(axis=axes)
-            if running_mean is not None:
-                _update_in_place(running_mean, mean, momentum)
-            if running_var is not None:
-                _update_in_place(running_var, variance * (count / (count - 1)), momentum)
+            mean = xp.empty(channels, dtype=x.dtype)
+            variance = xp.empty(channels, dtype=x.dtype)
         else:
             if running_mean is None or running_var is None:
                 raise ValueError(
@@ -87,45 +129,83 @@ class BatchNorm(Function):
                 )
             mean = running_mean.astype(x.dtype, copy=False)
             variance = running_var.astype(x.dtype, copy=False)
-            centered = x - mean.reshape(per_channel)
-        inv_std = (1.0 / xp.sqrt(variance + eps)).astype(x.dtype, copy=False)
-        normalized = centered
-        normalized *= inv_std.reshape(per_channel)  # centered is ours: reuse its memory
-        output = _scale_and_shift(normalized, weight, bias, per_channel)
+        inv_std = xp.empty(channels, dtype=x.dtype)
+        normalized = xp.empty(x.shape, dtype=x.dtype)
+        output = xp.empty(x.shape, dtype=x.dtype)
+
+        def work(first, stop, _scratch):
+            values, centered = _rows(x, first, stop), _rows(normalized, first, stop)
+            block = slice(first, stop)
+            if training:
+                mean[block] = _channel_sums(values) / count
+            xp.subtract(values, mean[block].reshape(1, -1, 1), out=centered)
+            if training:
+                # Biased variance normalises (as PyTorch does); the running one is unbiased.
+                variance[block] = _channel_dots(centered, centered) / count
+            inv_std[block] = 1.0 / xp.sqrt(variance[block] + eps)
+            centered *= inv_std[block].reshape(1, -1, 1)  # now the normalised values
+            result = _rows(output, first, stop)
+            if weight is None:
+                result[...] = centered
+            else:
+                xp.multiply(centered, weight[block].reshape(1, -1, 1), out=result)
+            if bias is not None:
+                result += bias[block].reshape(1, -1, 1)
+
+        _for_channel_blocks(x, work)
+        if training:
+            if running_mean is not None:
+                _update_in_place(running_mean, mean, momentum)
+            if running_var is not None:
+                _update_in_place(running_var, variance * (count / (count - 1)), momentum)
         self.training = training
         self.affine = affine
-        self.layout = (axes, per_channel, count)
+        self.count = count
         self.save_for_backward(normalized, inv_std, weight)
         return output
 
     def backward(self, grad):
         normalized, inv_std, weight = self.saved
-        axes, per_channel, count = self.layout
-        grad_weight = grad_bias = None
-        if self.affine[0] and self.needs_input_grad[1]:
-            grad_weight = (grad * normalized).sum(axis=axes)
-        if self.affine[1] and self.needs_input_grad[1 + self.affine[0]]:
-            grad_bias = grad.sum(axis=axes)
-        grad_x = None
-        if self.needs_input_grad[0]:
-            scale = inv_std if weight is None else inv_std * weight
+        xp = backend.array_module(grad)
+        count, channels = self.count, grad.shape[1]
+        want_weight = self.affine[0] and self.needs_input_grad[1]
+        want_bias = self.affine[1] and self.needs_input_grad[1 + self.affine[0]]
+        want_x = self.needs_input_grad[0]
+        # Batch statistics make every value's gradient depend on the channel's gradient sum
+        # and its dot product with the normalised input.
+        need_sums = want_bias or (want_x and self.training)
+        need_dots = want_weight or (want_x and self.training)
+        grad_sum = xp.empty(channels, dtype=grad.dtype) if need_sums else None
+        grad_dot = xp.empty(channels, dtype=grad.dtype) if need_dots else None
+        grad_x = xp.empty(grad.shape, dtype=grad.dtype) if want_x else None
+        scale = inv_std if weight is None else inv_std * weight
+
+        def work(first, stop, _scratch):
+            block = slice(first, stop)
+            gradient, normal = _rows(grad, first, stop), _rows(normalized, first, stop)
+            if need_sums:
+                grad_sum[block] = _channel_sums(gradient)
+            if need_dots:
+                grad_dot[block] = _channel_dots(gradient, normal)
+            if not want_x:
+                return
+            result = _rows(grad_x, first, stop)
             if self.training:
                 # d/dx of (x - mean) / std with batch statistics: remove the gradient's mean
-                # and its projection on the normalised input, per channel.
-                grad_sum = grad_bias if grad_bias is not None else grad.sum(axis=axes)
-                grad_dot = (
-                    grad_weight if grad_weight is not None else (grad * normalized).sum(axis=axes)
-                )
-                grad_x = grad - (grad_sum / count).reshape(per_channel)
-                grad_x -= normalized * (grad_dot / count).reshape(per_channel)
-                grad_x *= scale.reshape(per_channel)
+                # and its projection on the normalised input, per channel, then scale.
+                xp.multiply(normal, (-grad_dot[block] / count).reshape(1, -1, 1), out=result)
+                result += gradient
+                result -= (grad_sum[block] / count).reshape(1, -1, 1)
+                result *= scale[block].reshape(1, -1, 1)
             else:
-                grad_x = grad * scale.reshape(per_channel)
+                xp.multiply(gradient, scale[block].reshape(1, -1, 1), out=result)
+
+        _for_channel_blocks(grad, work)
         gradients = [grad_x]
         if self.affine[0]:
-            gradients.append(grad_weight)
+            gradients.append(grad_dot if want_weight else None)
         if self.affine[1]:
-            gradients.append(grad_bias)
+            gradients.append(grad_sum if want_bias else None)
         return tuple(gradients)
 
 

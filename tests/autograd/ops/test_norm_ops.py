@@ -144,3 +144,44 @@ def test_layer_norm_matches_torch(torch, compare_with_torch, rng, input_shape, n
         lambda x, w, b: torch.nn.functional.layer_norm(x, normalized_shape, w, b, eps=1e-3),
         arrays,
     )
+
+
+@pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+def test_batch_norm_split_over_threads_matches_one_block_and_float64(monkeypatch, rng, training):
+    # Above MIN_SPLIT_BYTES the channels are split, one block per BLAS thread; each channel's
+    # numbers must not depend on the split (and short rows take the einsum route: width 4).
+    from bigdl_py import backend
+    from bigdl_py.autograd.ops import norm
+
+    monkeypatch.setattr(norm, "MIN_SPLIT_BYTES", 0)
+    blocks = []
+    real_for_each_tile = norm.for_each_tile
+
+    def recording(count, size, work, on_gpu=False, threaded=True):
+        blocks.append(size)
+        return real_for_each_tile(count, size, work, on_gpu, threaded)
+
+    monkeypatch.setattr(norm, "for_each_tile", recording)
+    arrays = [
+        rng.standard_normal((6, 5, 8, 4)).astype(np.float32) * 3 + 1,
+        rng.standard_normal(5).astype(np.float32),
+        rng.standard_normal(5).astype(np.float32),
+        rng.standard_normal((6, 5, 8, 4)).astype(np.float32),
+    ]
+
+    def run(dtype):
+        x, weight, bias = (Tensor(a.astype(dtype), requires_grad=True) for a in arrays[:3])
+        running = (np.zeros(5, dtype), np.ones(5, dtype))
+        output = ops.batch_norm(x, *running, weight, bias, training=training)
+        (output * Tensor(arrays[3].astype(dtype))).sum().backward()
+        return [output.numpy(), x.grad.numpy(), weight.grad.numpy(), bias.grad.numpy(), *running]
+
+    with backend.blas_threads(1):
+        reference = run(np.float64)
+        whole = run(np.float32)
+    with backend.blas_threads(2):
+        split = run(np.float32)
+    assert blocks == [5, 5] * 2 + [3, 3]  # forward, backward at one thread; then at two
+    for got, want, exact in zip(split, whole, reference, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(got, exact, rtol=1e-4, atol=1e-4)
