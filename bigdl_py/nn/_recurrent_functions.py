@@ -109,8 +109,11 @@ class LSTMSequence(Function):
         cells = xp.empty((directions, steps + 1, size, batch), dtype=x.dtype)  # c_0 .. c_T
         cells[:, 0] = xp.swapaxes(c0, 1, 2)
         tanh_cells = xp.empty((directions, steps, size, batch), dtype=x.dtype)
+        hiddens = columns[:, hidden_rows]  # (D, H, T + 1, N)
+        output = _empty_layer_layout(xp, directions, steps + 2, batch, size, x.dtype, batch_first)
 
         def run(part):
+            _fill_input_columns(columns, x, part, batch_first)
             _lstm_steps(
                 columns[part],
                 scaled_weights[part],
@@ -119,16 +122,19 @@ class LSTMSequence(Function):
                 tanh_cells[part],
                 features,
             )
+            final_states = [hiddens[part, :, steps], cells[part, steps]]
+            _fill_layer_layout(
+                output,
+                hiddens[part, :, 1:].transpose(0, 2, 3, 1),
+                [xp.swapaxes(state, 1, 2) for state in final_states],
+                part.start,
+                batch_first,
+            )
 
         _for_each_direction(x, directions, run, size * gate_width * batch)
         self.batch_first, self.has_bias = batch_first, bias_ih is not None
         self.save_for_backward(columns, weights, gates, cells, tanh_cells)
-        hiddens = columns[:, hidden_rows]  # (D, H, T + 1, N)
-        return _to_layer_layout(
-            hiddens[:, :, 1:].transpose(0, 2, 3, 1),
-            [xp.swapaxes(hiddens[:, :, steps], 1, 2), xp.swapaxes(cells[:, steps], 1, 2)],
-            batch_first,
-        )
+        return output
 
     def backward(self, grad):
         columns, weights, gates, cells, tanh_cells = self.saved
@@ -219,23 +225,33 @@ def _lstm_weights(weight_ih, weight_hh, bias_ih, bias_hh):
 
 
 def _lstm_columns(x, directions: int, size: int, with_bias: bool, batch_first: bool):
-    """``(D, F + H [+ 1], T + 1, N)``: column block ``t`` of direction ``d`` is ``[x_t; h_t;
-    1]`` with ``x`` in that direction's reading order; the ``h`` rows are left for the
-    recurrence to fill (``h_0`` .. ``h_T``), and the ``x`` rows of block ``T`` are zeros."""
+    """``(D, F + H [+ 1], T + 1, N)``: column block ``t`` of direction ``d`` will be ``[x_t;
+    h_t; 1]`` with ``x`` in that direction's reading order; here only the ones and the ``x``
+    rows of block ``T`` (zeros) are filled: ``_fill_input_columns`` writes the input and the
+    recurrence the hidden states ``h_0`` .. ``h_T``."""
     xp = backend.array_module(x)
-    time_major = _time_major_blocks(x, 1, batch_first)[:, :, 0]  # (T, N, F)
-    steps, batch, features = time_major.shape
+    steps = x.shape[1 if batch_first else 0]
+    batch, features = x.shape[0 if batch_first else 1], x.shape[2]
     rows = features + size + (1 if with_bias else 0)
     columns = xp.empty((directions, rows, steps + 1, batch), dtype=x.dtype)
-    columns[0, :features, :steps] = xp.moveaxis(time_major, 2, 0)  # (F, T, N)
-    if directions == 2:
-        # From the forward copy, in runs of N: 0.1 ms against 1.6 ms for a second transpose
-        # (the bench's x, (32, 128, 128) float32).
-        columns[1, :features, :steps] = columns[0, :features, steps - 1 :: -1]
     columns[:, :features, steps] = 0
     if with_bias:
         columns[:, features + size] = 1
     return columns
+
+
+def _fill_input_columns(columns, x, part: slice, batch_first: bool) -> None:
+    """The input rows of directions ``part`` of ``columns`` (see ``_lstm_columns``)."""
+    xp = backend.array_module(x)
+    by_feature = xp.moveaxis(_time_major_blocks(x, 1, batch_first)[:, :, 0], 2, 0)  # (F, T, N)
+    features, steps = by_feature.shape[:2]
+    for direction in range(part.start, part.stop):
+        if direction == 1 and part.start == 0:
+            # From the forward copy, in runs of N: 0.1 ms against 1.6 ms for a second
+            # transpose (the bench's x, (32, 128, 128) float32).
+            columns[1, :features, :steps] = columns[0, :features, steps - 1 :: -1]
+        else:
+            columns[direction, :features, :steps] = by_feature[:, ::-1] if direction else by_feature
 
 
 def _lstm_steps(columns, scaled_weights, gates, cells, tanh_cells, features: int) -> None:
@@ -587,13 +603,28 @@ def _to_layer_layout(steps_array, final_rows: list, batch_first: bool):
     time order), then one row per ``(D, N, K)`` array of ``final_rows``."""
     xp = backend.array_module(steps_array)
     directions, steps, batch, size = steps_array.shape
-    rows = steps + len(final_rows)
-    shape = (batch, rows, directions * size) if batch_first else (rows, batch, directions * size)
-    result = xp.empty(shape, dtype=steps_array.dtype)
-    target = _time_major_blocks(result, directions, batch_first)  # a view of result
-    for direction in range(directions):
-        sequence = target[:steps, :, direction]
-        (sequence[::-1] if direction else sequence)[...] = steps_array[direction]
-    for row, final in enumerate(final_rows):
-        target[steps + row] = xp.swapaxes(final, 0, 1)
+    result = _empty_layer_layout(
+        xp, directions, steps + len(final_rows), batch, size, steps_array.dtype, batch_first
+    )
+    _fill_layer_layout(result, steps_array, final_rows, 0, batch_first)
     return result
+
+
+def _empty_layer_layout(xp, directions, rows, batch, size, dtype, batch_first: bool):
+    """An uninitialised layer-layout array of ``rows`` rows."""
+    shape = (batch, rows, directions * size) if batch_first else (rows, batch, directions * size)
+    return xp.empty(shape, dtype=dtype)
+
+
+def _fill_layer_layout(result, steps_array, final_rows: list, first_direction, batch_first):
+    """Write directions ``first_direction, ...`` of a layer-layout array (see
+    ``_to_layer_layout``), one per entry of ``steps_array`` and of each ``final_rows`` array."""
+    xp = backend.array_module(steps_array)
+    count, steps, _, size = steps_array.shape
+    target = _time_major_blocks(result, result.shape[-1] // size, batch_first)  # a view
+    for offset in range(count):
+        sequence = target[:steps, :, first_direction + offset]
+        (sequence[::-1] if first_direction + offset else sequence)[...] = steps_array[offset]
+    directions = slice(first_direction, first_direction + count)
+    for row, final in enumerate(final_rows):
+        target[steps + row, :, directions] = xp.swapaxes(final, 0, 1)

@@ -387,3 +387,25 @@ def test_recurrent_layer_with_cross_entropy_learns_the_sign_of_a_sequence_sum(la
             parameter.data -= 0.5 * parameter.grad.data
         losses.append(loss.item())
     assert losses[-1] < 0.4 * losses[0]
+
+
+@pytest.mark.parametrize("layer_class", [nn.LSTM, nn.GRU])
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_bidirectional_layer_is_the_same_with_one_loop_or_a_thread_per_direction(
+    layer_class, batch_first
+):
+    # One BLAS thread runs both directions in one loop; two run a thread per direction.
+    layer = layer_class(5, 4, num_layers=2, batch_first=batch_first, bidirectional=True, dtype=F64)
+    x = sequence(steps=6, batch=3, features=5, batch_first=batch_first)
+    results = []
+    for threads in (1, 2):
+        with backend.blas_threads(threads):
+            layer.zero_grad()
+            our_x = Tensor(x, requires_grad=True, dtype=F64)
+            output, final = layer(our_x)
+            hidden = final[0] if layer_class is nn.LSTM else final
+            (0.3 * output.sum() + (hidden * hidden).sum()).backward()
+            grads = [our_x.grad.numpy()] + [p.grad.numpy() for p in layer.parameters()]
+            results.append([output.numpy()] + [np.array(g, copy=True) for g in grads])
+    for one_loop, threaded in zip(*results, strict=True):
+        np.testing.assert_allclose(one_loop, threaded, rtol=1e-12, atol=1e-14)
