@@ -214,3 +214,23 @@ def scratch_matrix(scratch: dict, name: str, shape: tuple, dtype, xp=np):
         padded_width = max(width, lines * CACHE_LINE_BYTES // itemsize)
     buffer = scratch_array(scratch, name, tuple(leading) + (padded_width,), dtype, xp)
     return buffer[..., :width]
+
+
+# Element-wise ops (ReLU, Tanh) on arrays above this many bytes are split over the leading
+# axis, one part per BLAS thread; below it handing out a part costs more than it saves
+# (about 0.15 ms of CPU for a split ReLU or Tanh in both directions at two threads, on a
+# ReLU of 0.4 ms: medians of 40, CPU time).
+MIN_ELEMENTWISE_SPLIT_BYTES = 2 << 20
+
+
+def for_each_part(array, work: Callable[[int, int], None]) -> None:
+    """Call ``work(start, stop)`` over ``array``'s leading axis: one part per BLAS thread
+    for a large NumPy array, the whole array (``start, stop = 0, len``) otherwise."""
+    length = array.shape[0] if array.ndim else 1
+    parts = 1
+    if isinstance(array, np.ndarray) and array.nbytes > MIN_ELEMENTWISE_SPLIT_BYTES:
+        parts = min(worker_count(), length)
+    if parts <= 1:
+        work(0, length)
+        return
+    for_each_tile(length, -(-length // parts), lambda start, stop, _scratch: work(start, stop))

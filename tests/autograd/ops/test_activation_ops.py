@@ -40,3 +40,44 @@ def test_softmax_family_is_stable_for_large_inputs():
 def test_gelu_rejects_an_unknown_approximation():
     with pytest.raises(ValueError, match="gelu: approximate must be 'none' or 'tanh'"):
         ops.gelu(Tensor([1.0]), approximate="fast")
+
+
+@pytest.mark.parametrize("name", ["relu", "tanh"])
+def test_relu_and_tanh_split_over_threads_match_the_whole_array(monkeypatch, rng, name):
+    # Above MIN_ELEMENTWISE_SPLIT_BYTES both directions run one part of the batch per BLAS
+    # thread; element-wise results cannot depend on the split.
+    from bigdl_py import backend
+    from bigdl_py.autograd.ops import conv_tiles
+
+    values = rng.standard_normal((5, 3, 4)).astype(np.float32)
+    upstream = rng.standard_normal((5, 3, 4)).astype(np.float32)
+
+    def run():
+        x = Tensor(values, requires_grad=True)
+        output = getattr(ops, name)(x)
+        (output * Tensor(upstream)).sum().backward()
+        return output.numpy(), x.grad.numpy()
+
+    with backend.blas_threads(2):
+        whole = run()
+        monkeypatch.setattr(conv_tiles, "MIN_ELEMENTWISE_SPLIT_BYTES", 0)
+        parts = []
+        real_for_each_tile = conv_tiles.for_each_tile
+        monkeypatch.setattr(
+            conv_tiles,
+            "for_each_tile",
+            lambda length, size, work: parts.append(size) or real_for_each_tile(length, size, work),
+        )
+        split = run()
+    assert parts == [3, 3]  # 5 samples as 3 + 2, forward and backward
+    for got, want in zip(split, whole, strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_relu_and_tanh_of_a_zero_dimensional_tensor():
+    x = Tensor(np.float32(-0.5), requires_grad=True)
+    ops.relu(x).backward()
+    assert x.grad.numpy() == 0
+    y = Tensor(np.float32(0.5), requires_grad=True)
+    ops.tanh(y).backward()
+    np.testing.assert_allclose(y.grad.numpy(), 1 - np.tanh(0.5) ** 2, rtol=1e-6)
