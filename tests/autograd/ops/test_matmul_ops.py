@@ -109,3 +109,15 @@ def test_stacked_products_split_among_threads_match_numpy(monkeypatch, rng, a_sh
         (ops.matmul(a_ref, b_ref) * Tensor(upstream)).sum().backward()
     np.testing.assert_allclose(a.grad.data, a_ref.grad.data, rtol=1e-13, atol=1e-13)
     np.testing.assert_allclose(b.grad.data, b_ref.grad.data, rtol=1e-13, atol=1e-13)
+
+
+def test_an_outer_product_is_a_broadcast_multiply(rng):
+    # Inner size 1 (a one-output Linear's input gradient) skips the GEMM.
+    a, b = rng.standard_normal((7, 1)), rng.standard_normal((1, 5)).astype(np.float32)
+    product = matmul.matmul_2d(a, b)
+    assert product.dtype == (a @ b).dtype
+    np.testing.assert_allclose(product, a @ b, rtol=1e-6)
+    linear_input = Tensor(rng.standard_normal((6, 4)), requires_grad=True)
+    weight = Tensor(rng.standard_normal((1, 4)), requires_grad=True)
+    ops.linear(linear_input, weight).sum().backward()
+    np.testing.assert_allclose(linear_input.grad.numpy(), np.ones((6, 1)) @ weight.numpy())
