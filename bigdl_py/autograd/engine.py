@@ -5,12 +5,49 @@ inputs through ``InputEdge``\\ s, never through the input Tensors, so the walk h
 activation that no backward saved. Graphs are deep (an unrolled RNN, a chain of 10,000 ops),
 so both the ordering and the walk use an explicit stack, never recursion (micrograd's idea
 without its recursion).
+
+An embedding's weight gradient travels as a :class:`RowGradient` (the looked-up rows'
+gradients and their indices) instead of a table-sized array: a leaf adds those rows into its
+``.grad`` in place, so no table of zeros is allocated and summed into ``.grad`` each step
+(NCF's four tables: ~0.1 ms of a 1.6 ms step). Anything else, a Function's backward or a
+sum with another gradient, gets it as a dense array.
 """
 
 from __future__ import annotations
 
 from bigdl_py import backend
 from bigdl_py.autograd.function import Function
+
+
+class RowGradient:
+    """A gradient of ``shape`` that is zero but for rows: ``rows[k]`` adds into row
+    ``index[k]`` (repeated indices add up). ``rows`` has the shape ``(len(index),
+    *shape[1:])``."""
+
+    __slots__ = ("index", "rows", "shape", "dtype")
+
+    def __init__(self, index, rows, shape: tuple):
+        self.index = index
+        self.rows = rows
+        self.shape = tuple(shape)
+        self.dtype = rows.dtype
+
+    def dense(self):
+        """The gradient as a new array of ``shape``."""
+        from bigdl_py.autograd.ops.misc import row_sums  # ops import this module
+
+        return row_sums(self.index, self.rows, self.shape[0])
+
+    def add_to(self, target) -> None:
+        """Add the rows into ``target`` (an array of ``shape``) in place."""
+        from bigdl_py.autograd.ops.misc import add_rows
+
+        add_rows(target, self.index, self.rows)
+
+
+def as_dense(gradient):
+    """``gradient`` as an array: a :class:`RowGradient` made dense, anything else as it is."""
+    return gradient.dense() if type(gradient) is RowGradient else gradient
 
 
 def unbroadcast(gradient, shape: tuple):
@@ -68,18 +105,21 @@ def run_backward(root, grad_output, retain_graph: bool = False) -> None:
         if not isinstance(node, Function):
             node._accumulate_grad(gradient)
             continue
-        input_gradients = backward_step(node, gradient)
+        input_gradients = backward_step(node, as_dense(gradient))
         del gradient  # the output's gradient is dead now: free it before the next node runs
         for edge, input_gradient in zip(node.inputs, input_gradients, strict=False):
             if edge is None or input_gradient is None:
                 continue
-            input_gradient = unbroadcast(input_gradient, edge.shape)
+            if input_gradient.shape != edge.shape:
+                input_gradient = unbroadcast(input_gradient, edge.shape)
             if input_gradient.dtype != edge.dtype:
-                input_gradient = input_gradient.astype(edge.dtype)
+                input_gradient = as_dense(input_gradient).astype(edge.dtype)
             previous = pending.get(id(edge.node))
             # Never add in place: a backward may hand the same array to several inputs.
             pending[id(edge.node)] = (
-                input_gradient if previous is None else previous + input_gradient
+                input_gradient
+                if previous is None
+                else as_dense(previous) + as_dense(input_gradient)
             )
         del input_gradients
         if not retain_graph:

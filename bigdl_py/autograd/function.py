@@ -84,24 +84,26 @@ class Function:
     @classmethod
     def apply(cls, *inputs, **options):
         """Run the op on Tensors (or constants) and record it when a gradient is needed."""
-        from bigdl_py.autograd.tensor import Tensor, check_same_device
+        from bigdl_py.autograd.tensor import Tensor
 
         function = cls()
         tensors = _as_tensors(inputs, cls.__name__)
-        check_same_device(tensors, cls.__name__)
-        _check_same_float_dtype(tensors, cls.__name__)
-        arrays = [t.data for t in tensors]
-        output_data = function.forward(*arrays, **options)
-        differentiable = cls.differentiable_inputs
-        needs = tuple(
-            t.requires_grad and (differentiable is None or i in differentiable)
-            for i, t in enumerate(tensors)
-        )
-        record = is_grad_enabled() and any(needs)
+        _check_inputs(tensors, cls.__name__)
+        output_data = function.forward(*[t.data for t in tensors], **options)
+        record = False
+        if is_grad_enabled():
+            differentiable = cls.differentiable_inputs
+            needs = tuple(
+                t.requires_grad and (differentiable is None or i in differentiable)
+                for i, t in enumerate(tensors)
+            )
+            record = any(needs)
         output = Tensor(output_data, requires_grad=record, _copy=False)
         if record:
             function.inputs = tuple(
-                InputEdge(t if t.is_leaf else t.grad_fn, t.shape, t.dtype) if needed else None
+                InputEdge(t if t.grad_fn is None else t.grad_fn, t.data.shape, t.data.dtype)
+                if needed
+                else None
                 for t, needed in zip(tensors, needs, strict=True)
             )
             function.needs_input_grad = needs
@@ -113,6 +115,8 @@ def _as_tensors(inputs: tuple, op_name: str) -> list:
     """Wrap constants (Python scalars, arrays) as Tensors matching the first Tensor's dtype."""
     from bigdl_py.autograd.tensor import Tensor
 
+    if all(isinstance(value, Tensor) for value in inputs):
+        return inputs
     reference = next((x for x in inputs if isinstance(x, Tensor)), None)
     tensors = []
     for value in inputs:
@@ -143,6 +147,29 @@ def _constant(value: Any, reference, op_name: str):
         ):
             array = array.astype(reference.dtype, copy=False)
     return Tensor(array, _copy=False)
+
+
+def _check_inputs(tensors, op_name: str) -> None:
+    """Raise when the inputs are on different devices or mix float dtypes.
+
+    Host arrays are checked in one pass over the dtypes' kinds: the general checks below
+    ask the backend for each input's device and ``np.issubdtype`` for each dtype, ~6 us an
+    op, a tenth of NCF's whole forward pass.
+    """
+    from bigdl_py.autograd.tensor import check_same_device
+
+    float_dtype = None
+    for tensor in tensors:
+        data = tensor.data
+        if type(data) is not np.ndarray:  # a device array, or a NumPy scalar
+            check_same_device(tensors, op_name)
+            _check_same_float_dtype(tensors, op_name)
+            return
+        if data.dtype.kind == "f":
+            if float_dtype is None:
+                float_dtype = data.dtype
+            elif data.dtype != float_dtype:
+                _check_same_float_dtype(tensors, op_name)  # raises, naming both inputs
 
 
 def _check_same_float_dtype(tensors, op_name: str) -> None:

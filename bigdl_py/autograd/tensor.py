@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from bigdl_py import backend
-from bigdl_py.autograd.engine import run_backward
+from bigdl_py.autograd.engine import RowGradient, run_backward
 
 
 class Tensor:
@@ -40,12 +40,15 @@ class Tensor:
         device: Any = None,
         _copy: bool = True,
     ):
-        if isinstance(data, Tensor):
-            data = data.data
-        array = _to_array(data, dtype, copy=_copy)
+        if type(data) is np.ndarray and not _copy and dtype is None:
+            array = data  # what every op's output takes: skip the conversions below
+        else:
+            if isinstance(data, Tensor):
+                data = data.data
+            array = _to_array(data, dtype, copy=_copy)
         if device is not None:
             array = backend.to_device(array, device)
-        if requires_grad and not backend.is_floating(array.dtype):
+        if requires_grad and array.dtype.kind != "f":
             raise TypeError(
                 f"only floating-point tensors can require gradients, got dtype {array.dtype}"
             )
@@ -188,7 +191,12 @@ class Tensor:
     def _accumulate_grad(self, gradient) -> None:
         # In place when a gradient exists: flat-parameter training makes .grad a view into one
         # flat gradient vector, and that view must stay the one that holds the sum.
-        if self.grad is None:
+        if type(gradient) is RowGradient:
+            if self.grad is None:
+                self.grad = Tensor(gradient.dense(), _copy=False)
+            else:
+                gradient.add_to(self.grad.data)
+        elif self.grad is None:
             self.grad = Tensor(gradient, _copy=True)
         else:
             self.grad.data += gradient

@@ -7,6 +7,7 @@ import math
 import numpy as np
 
 from bigdl_py import backend
+from bigdl_py.autograd.engine import RowGradient
 from bigdl_py.autograd.function import Function
 
 # Dropout draws from this generator when the caller passes none; ``manual_seed`` resets it.
@@ -125,50 +126,52 @@ class Embedding(Function):
 
     def backward(self, grad):
         (indices,) = self.saved
-        # Repeated indices each add their row: a scatter-add, not an assignment.
-        grad_weight = row_sums(
-            indices.reshape(-1), grad.reshape(-1, self.weight_shape[1]), self.weight_shape[0]
-        )
+        indices = indices.reshape(-1)
+        rows = grad.reshape(-1, self.weight_shape[1])
         if self.padding_idx is not None:
-            grad_weight[self.padding_idx] = 0
-        return None, grad_weight
+            kept = indices != self.padding_idx
+            indices, rows = indices[kept], rows[kept]
+        # Only the looked-up rows: the engine adds them into the weight's .grad in place.
+        return None, RowGradient(indices, rows, self.weight_shape)
 
 
 def row_sums(index, rows, count: int):
     """A new ``(count, *rows.shape[1:])`` array whose row ``i`` is the sum of the ``rows[k]``
-    with ``index[k] == i`` (zero where no index points): embedding gradients.
-
-    CUDA arrays go to ``backend.scatter_add``. On the CPU see :func:`_host_row_sums`.
-    """
+    with ``index[k] == i`` (zero where no index points): embedding gradients."""
     xp = backend.array_module(rows)
     result = xp.zeros((count, *rows.shape[1:]), dtype=rows.dtype)
-    if backend.is_cupy_array(rows) or index.size == 0:
-        backend.scatter_add(result, index, rows)
-        return result
-    _host_row_sums(result, index, rows.reshape(index.size, -1))
+    add_rows(result, index, rows, zeroed=True)
     return result
 
 
-def _host_row_sums(result, index, rows) -> None:
-    """Add row ``rows[k]`` of a 2-d ``rows`` into ``result[index[k]]`` (``result`` zeroed).
+def add_rows(target, index, rows, zeroed: bool = False) -> None:
+    """``target[index[k]] += rows[k]`` for every ``k`` in place, repeated indices adding up.
 
-    Each index first claims one of its rows: ``claimant[index] = k`` keeps one ``k`` per
-    index, whichever NumPy wrote last, and reading ``claimant[index]`` back tells every row
-    which row won. Every index is then assigned its winner's row in one fancy assignment
-    (duplicates write the same bytes, so their order does not matter), with each row viewed
-    as one opaque element: NumPy copies those twice as fast as 2-d rows (1024 rows of 32
-    float32: 6.4 us against 12.8). The rows that lost (repeats) are added with a 1-d
-    ``np.add.at`` over their flat element indices, which NumPy has a fast path for (the 2-d
-    ``np.add.at`` takes ~0.3 us a row). Against the earlier sort-based sums (CPU time, one
-    thread): NCF's 1024 rows of 32 into 6,040 45 us against 93, 4096 rows of 128 into
-    10,000 0.43 ms against 1.35.
+    ``zeroed=True`` says ``target`` is all zeros, so rows may be assigned instead of added.
+    CUDA arrays go to ``backend.scatter_add``. On the CPU each index first claims one of its
+    rows: ``claimant[index] = k`` keeps one ``k`` per index, whichever NumPy wrote last, and
+    reading ``claimant[index]`` back tells every row which row won. Every index then gets
+    its winner's row (added to its old value) in one fancy assignment (duplicates write the
+    same bytes, so their order does not matter), with each row viewed as one opaque element:
+    NumPy copies those twice as fast as 2-d rows (1024 rows of 32 float32: 6.4 us against
+    12.8). The rows that lost (repeats) are added with a 1-d ``np.add.at`` over their flat
+    element indices, which NumPy has a fast path for (the 2-d ``np.add.at`` takes ~0.3 us a
+    row). Against the earlier sort-based sums (CPU time, one thread): NCF's 1024 rows of 32
+    into 6,040 45 us against 93, 4096 rows of 128 into 10,000 0.43 ms against 1.35.
 
     With many repeats (a small vocabulary: more than a quarter of the rows) the rows are
     sorted by index instead and each run summed with one ``add.reduceat``.
     """
-    rows = np.ascontiguousarray(rows)
-    count, width = result.shape[0], rows.shape[1]
-    result = result.reshape(count, width)  # a view: ``result`` is a fresh contiguous array
+    if index.size == 0:
+        return
+    if backend.is_cupy_array(target):
+        backend.scatter_add(target, index, rows)
+        return
+    count = target.shape[0]
+    rows = rows.reshape(index.size, -1)  # may stay strided: ``take`` gives contiguous rows
+    width = rows.shape[1]
+    # A 2-d view: every target here is a table or a fresh array, contiguous.
+    table = target.reshape(count, width)
     positions = np.arange(index.size)
     claimant = np.empty(count, dtype=np.intp)
     claimant[index] = positions
@@ -181,13 +184,18 @@ def _host_row_sums(result, index, rows) -> None:
         starts_run[0] = True
         np.not_equal(sorted_index[1:], sorted_index[:-1], out=starts_run[1:])
         starts = np.flatnonzero(starts_run)
-        result[sorted_index[starts]] = np.add.reduceat(rows[order], starts, axis=0)
+        sums = np.add.reduceat(rows[order], starts, axis=0)
+        if not zeroed:
+            sums += table[sorted_index[starts]]
+        table[sorted_index[starts]] = sums
         return
     row_bytes = np.dtype((np.void, width * rows.itemsize))
-    result_rows = result.view(row_bytes).reshape(count)
-    result_rows[index] = rows.view(row_bytes).reshape(index.size).take(winner)
+    firsts = rows.take(winner, axis=0)
+    if not zeroed:
+        firsts += table.take(index, axis=0)
+    table.view(row_bytes).reshape(count)[index] = firsts.view(row_bytes).reshape(index.size)
     if repeats.size:
         # intp: an int32 index times the width may overflow.
         repeated_rows = index[repeats].astype(np.intp)[:, None]
         flat_index = (repeated_rows * width + np.arange(width)).reshape(-1)
-        np.add.at(result.reshape(-1), flat_index, rows[repeats].reshape(-1))
+        np.add.at(table.reshape(-1), flat_index, rows[repeats].reshape(-1))

@@ -108,3 +108,37 @@ def test_embedding_errors(indices, error, message):
 def test_embedding_rejects_a_padding_index_outside_the_vocabulary():
     with pytest.raises(ValueError, match="embedding: padding_idx 5 is outside a vocabulary of 5"):
         ops.embedding(np.array([0]), Tensor(np.zeros((5, 2))), padding_idx=5)
+
+
+# The weight gradient reaches the engine as rows and their indices (engine.RowGradient): a
+# leaf adds them into its .grad in place; a sum with another gradient or a Function gets a
+# dense array. Each case below against the dense gradient worked out by hand.
+
+
+def test_embedding_gradients_accumulate_in_place_into_an_existing_grad():
+    indices = np.array([3, 0, 3, 1])
+    weight = Tensor(np.ones((5, 2), dtype=np.float32), requires_grad=True)
+    ops.embedding(indices, weight).sum().backward()
+    held = weight.grad.data  # as a flat gradient buffer's view would be
+    ops.embedding(indices, weight).sum().backward()
+    assert weight.grad.data is held
+    np.testing.assert_array_equal(held[:, 0], [2.0, 2.0, 0.0, 4.0, 0.0])
+
+
+def test_a_table_used_by_an_embedding_and_a_matmul_gets_both_gradients():
+    rng = np.random.default_rng(0)
+    table = rng.standard_normal((4, 3))
+    weight = Tensor(table, requires_grad=True)
+    indices = np.array([1, 1, 2])
+    (ops.embedding(indices, weight).sum() + (weight @ np.ones(3)).sum()).backward()
+    expected = np.ones((4, 3))
+    expected[1] += 2.0
+    expected[2] += 1.0
+    np.testing.assert_allclose(weight.grad.numpy(), expected)
+
+
+def test_an_embedding_of_a_computed_table_passes_a_dense_gradient_back():
+    weight = Tensor(np.ones((3, 2)), requires_grad=True)
+    ops.embedding(np.array([0, 0, 2]), weight * 3.0).sum().backward()
+    np.testing.assert_allclose(weight.grad.numpy()[:, 0], [6.0, 0.0, 3.0])
+

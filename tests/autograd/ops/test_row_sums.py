@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bigdl_py.autograd.ops.misc import row_sums
+from bigdl_py.autograd.ops.misc import add_rows, row_sums
 
 
 @pytest.mark.parametrize(
@@ -49,3 +49,15 @@ def test_row_sums_of_non_contiguous_rows():
     expected = np.zeros((10, 3), dtype=np.float32)
     np.add.at(expected, index, rows)
     np.testing.assert_allclose(row_sums(index, rows, 10), expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize("vocabulary", [400, 3], ids=["few_repeats", "many_repeats"])
+def test_add_rows_adds_into_a_table_that_holds_values(vocabulary):
+    rng = np.random.default_rng(3)
+    index = rng.integers(0, vocabulary, size=60)
+    rows = rng.standard_normal((60, 4))
+    table = rng.standard_normal((vocabulary, 4))
+    expected = table.copy()
+    np.add.at(expected, index, rows)
+    add_rows(table, index, rows)
+    np.testing.assert_allclose(table, expected, rtol=1e-12)
