@@ -2,9 +2,11 @@
 pooling shares.
 
 A tile is a few samples (``conv_tiles.py`` says why and how they are shared out among
-threads). For each tile the columns are ``(C*KH*KW, T*OH*OW)``, the tile's samples side by
-side, so each product is one GEMM per group of a size OpenBLAS runs well, on data still in
-cache from the im2col copy that wrote it.
+threads). For each tile the columns are ``(C*KH*KW, T*L)``, the tile's samples side by side
+(stride-1 layers wide enough for "full-width" rows, ``_columns_tile``) or interleaved, the
+samples innermost (every other layer, ``_samples_last_columns``), so each product is one
+GEMM per group of a size OpenBLAS runs well, on data still in cache from the im2col copy
+that wrote it.
 
 * Forward: ``out = weight (O, C*KH*KW) @ columns``, stored into NCHW with the bias added in
   the same pass (``convolve``).
@@ -78,17 +80,15 @@ def offset_slices(
     )
 
 
-def _padded_tile(source, start, stop, before, padded_hw, scratch, name, full_width=False):
+def _padded_tile(source, start, stop, before, padded_hw, scratch, name):
     """``source[start:stop]`` placed ``before`` rows/columns into a zero ``padded_hw`` frame.
 
     Rows and columns of the source that fall beyond the frame are dropped (a transposed
     convolution's backward uses that to skip rows no window reaches). The frame is a
     per-thread buffer zeroed once per op: every tile writes the same interior, so the border
-    stays zero. For ``full_width`` columns the frame is always a copy, contiguous, with one
-    row of slack after it (the last windows read up to a row past the frame's end).
+    stays zero. It is contiguous, with one row of slack after it (the last full-width
+    windows read up to a row past the frame's end).
     """
-    if not full_width and before == (0, 0) and tuple(source.shape[2:]) == tuple(padded_hw):
-        return source[start:stop]
     xp = backend.array_module(source)
     channels, height, width = source.shape[1:]
     shape = (stop - start, channels) + tuple(padded_hw)
@@ -103,35 +103,26 @@ def _padded_tile(source, start, stop, before, padded_hw, scratch, name, full_wid
     return frame
 
 
-def _columns_tile(padded, kernel, stride, dilation, out_hw, groups, scratch, name):
-    """Copy the windows of ``padded (T, C, Hp, Wp)`` to columns ``(groups, C/g*KH*KW, T*L)``.
+def _columns_tile(padded, kernel, dilation, out_hw, groups, scratch, name):
+    """Copy the windows of ``padded (T, C, Hp, Wp)`` (from ``_padded_tile``) to full-width
+    columns ``(groups, C/g*KH*KW, T*L)`` of a stride-1 convolution.
 
-    The strided view is ``(C, KH, KW, T, OH, OW)``: the copy reads whole output rows of the
-    input (contiguous for stride 1) and writes the columns in order.
-
-    For stride 1 the columns are "full width": ``L = OH * Wp``, each output row computed at
-    all ``Wp`` positions of the padded row, the last ``Wp - OW`` of them garbage that
-    ``_store_tile`` drops (and that ``_channels_first_tile`` meets with zero gradients). Then
-    each ``(c, kh, kw, sample)`` window is ONE contiguous run of ``OH * Wp`` elements of the
-    frame, copied 2-4x faster than ``OH`` runs of ``OW``, for 6-12 % more GEMM work on the
-    CIFAR CNN's 32x32 and 16x16 layers. ``padded`` must then come from ``_padded_tile(...,
-    full_width=True)`` (the last windows run into its slack).
+    "Full width": ``L = OH * Wp``, each output row computed at all ``Wp`` positions of the
+    padded row, the last ``Wp - OW`` of them garbage that ``_store_tile`` drops (and that
+    ``_channels_first_tile`` meets with zero gradients). Then each ``(c, kh, kw, sample)``
+    window is ONE contiguous run of ``OH * Wp`` elements of the frame, copied 2-4x faster
+    than ``OH`` runs of ``OW``, for 6-12 % more GEMM work on the CIFAR CNN's 32x32 and 16x16
+    layers. The last windows run into the frame's slack row.
     """
     xp = backend.array_module(padded)
     tile, channels = padded.shape[:2]
     stride_n, stride_c, stride_h, stride_w = padded.strides
-    if _full_width(stride, padded.shape[3], out_hw[1]):
-        shape = (channels, kernel[0], kernel[1], tile, out_hw[0] * padded.shape[3])
-        last_axis = (stride_w,)
-    else:
-        shape = (channels, kernel[0], kernel[1], tile, out_hw[0], out_hw[1])
-        last_axis = (stride_h * stride[0], stride_w * stride[1])
     windows = xp.lib.stride_tricks.as_strided(
         padded,
-        shape=shape,
-        strides=(stride_c, stride_h * dilation[0], stride_w * dilation[1], stride_n) + last_axis,
+        shape=(channels, kernel[0], kernel[1], tile, out_hw[0] * padded.shape[3]),
+        strides=(stride_c, stride_h * dilation[0], stride_w * dilation[1], stride_n, stride_w),
     )
-    width = tile * windows[0, 0, 0, 0].size
+    width = tile * out_hw[0] * padded.shape[3]
     columns = scratch_matrix(
         scratch, name, (groups, channels * kernel[0] * kernel[1] // groups, width), padded.dtype, xp
     )
@@ -165,30 +156,109 @@ def _channels_first_tile(array, start, stop, groups, scratch, name, row_width=No
     return matrix
 
 
-def _store_tile(product, out, start, stop, bias=None) -> None:
+def _store_tile(product, out, start, stop, bias=None, samples_last=False) -> None:
     """Write a tile's ``(g, O/g, T*L)`` product into ``out[start:stop]`` (NCHW), plus ``bias``.
 
     ``L`` may be ``OH`` full-width rows (see ``_columns_tile``): their tails are dropped.
+    With ``samples_last`` the product is ``(g, O/g, L*T)`` (see ``_samples_last_columns``).
     """
     xp = backend.array_module(out)
     channels, (height, width) = out.shape[1], out.shape[2:]
-    rows = product.reshape(channels, stop - start, height, -1)[..., :width]
-    samples = rows.transpose(1, 0, 2, 3)
+    if samples_last:
+        samples = xp.moveaxis(product.reshape(channels, height, width, stop - start), -1, 0)
+    else:
+        rows = product.reshape(channels, stop - start, height, -1)[..., :width]
+        samples = rows.transpose(1, 0, 2, 3)
     if bias is None:
         out[start:stop] = samples
     else:
         xp.add(samples, bias.reshape(1, -1, 1, 1), out=out[start:stop])
 
 
-def _tiles(batch, rows, columns_per_sample, array, products):
+def _samples_last_columns(source, start, stop, before, padded_hw, geometry, scratch):
+    """Columns ``(groups, C/g*KH*KW, OH*OW*T)`` of ``source[start:stop]`` with the samples
+    innermost, through a zero-bordered ``(C, Hp, Wp, T)`` frame: the layout of every
+    convolution whose columns are not full width (``_full_width``).
+
+    There a window row of one sample is only ``OW`` elements (strides, ResNet-18's 8x8 and
+    4x4 layers, LeNet-5's second), and copying runs of 4-8 floats was the step's largest
+    cost after the GEMMs. With the samples innermost each window copies runs of ``T``
+    floats: a 16-sample tile of the 4x4 layer (512 channels) took 0.40 ms for the frame,
+    the columns and the store against 2.1 ms (CPU time, medians of 20). ResNet-18's step at
+    one thread: 3251 -> 3100 ms, LeNet-5's 11.7 -> 10.7 (CPU time, medians of 6 and 60
+    alternated).
+
+    ``geometry`` is ``(kernel, stride, dilation, out_hw, groups)``. Rows and columns of
+    the source beyond the frame are dropped, as in ``_padded_tile``.
+    """
+    kernel, stride, dilation, out_hw, groups = geometry
+    xp = backend.array_module(source)
+    tile, (channels, height, width) = stop - start, source.shape[1:]
+    # One frame per tile length (a smaller last tile lays the frame out anew): zeroed once
+    # per op, every tile of that length then writes the same interior.
+    frame = scratch_array(
+        scratch,
+        f"frame-{tile}",
+        (channels,) + tuple(padded_hw) + (tile,),
+        source.dtype,
+        xp,
+        zeroed=True,
+    )
+    height = min(height, padded_hw[0] - before[0])
+    width = min(width, padded_hw[1] - before[1])
+    frame[:, before[0] : before[0] + height, before[1] : before[1] + width] = xp.moveaxis(
+        source[start:stop, :, :height, :width], 0, -1
+    )
+    stride_c, stride_h, stride_w, stride_n = frame.strides
+    windows = xp.lib.stride_tricks.as_strided(
+        frame,
+        shape=(channels, kernel[0], kernel[1], out_hw[0], out_hw[1], tile),
+        strides=(
+            stride_c,
+            stride_h * dilation[0],
+            stride_w * dilation[1],
+            stride_h * stride[0],
+            stride_w * stride[1],
+            stride_n,
+        ),
+    )
+    rows = channels * kernel[0] * kernel[1] // groups
+    columns = scratch_matrix(
+        scratch, "columns", (groups, rows, out_hw[0] * out_hw[1] * tile), source.dtype, xp
+    )
+    columns.reshape(windows.shape)[...] = windows  # a view: only the rows' distance differs
+    return columns
+
+
+def _samples_last_gradient(grad, start, stop, groups, scratch):
+    """``grad[start:stop] (T, O, OH, OW) -> (g, O/g, OH*OW*T)``, as samples-last columns."""
+    xp = backend.array_module(grad)
+    tile = grad[start:stop]
+    matrix = scratch_matrix(
+        scratch,
+        "grad",
+        (groups, grad.shape[1] // groups, tile.size // grad.shape[1]),
+        grad.dtype,
+        xp,
+    )
+    matrix.reshape(grad.shape[1:] + (stop - start,))[...] = xp.moveaxis(tile, 0, -1)
+    return matrix
+
+
+def _tiles(batch, rows, columns_per_sample, array, products, samples_last=False):
     """Samples per tile for columns of ``rows`` x ``columns_per_sample`` per sample, whether
     the arrays live on a GPU, and whether the tiles are worth sharing among threads (each
-    column enters ``products`` dot products of length ``rows``)."""
+    column enters ``products`` dot products of length ``rows``).
+
+    Samples-last tiles skip ``MIN_COLUMNS``: their copies slow down with the tile (ResNet-18's
+    4x4 layer, 64 samples: 3.5 ms against 4 x 0.4 for tiles of 16), and the GEMMs of 256
+    columns ran as fast as those of 1024 (95-97 against 96-103 GFLOP/s)."""
     on_gpu = backend.is_cupy_array(array)
     threaded = batch * columns_per_sample * rows * products >= MIN_THREADED_MULTIPLY_ADDS
     workers = worker_count() if threaded else 1
     bytes_per_sample = rows * columns_per_sample * array.itemsize
-    size = tile_size(batch, bytes_per_sample, workers, on_gpu, columns_per_sample)
+    narrowest = 0 if samples_last else columns_per_sample
+    size = tile_size(batch, bytes_per_sample, workers, on_gpu, narrowest)
     return size, on_gpu, threaded
 
 
@@ -205,19 +275,25 @@ def convolve(x, weight, stride, before, padded_hw, dilation, groups: int, bias=N
     output = xp.empty((batch, out_channels) + out_hw, dtype=x.dtype)
     grouped_weight = weight.reshape(groups, out_channels // groups, -1)
     rows = grouped_weight.shape[2] * groups
-    size, on_gpu, threaded = _tiles(batch, rows, out_hw[0] * out_hw[1], x, out_channels // groups)
-    full_width = _full_width(stride, padded_hw[1], out_hw[1])
+    samples_last = not _full_width(stride, padded_hw[1], out_hw[1])
+    size, on_gpu, threaded = _tiles(
+        batch, rows, out_hw[0] * out_hw[1], x, out_channels // groups, samples_last
+    )
+    geometry = ((kernel_h, kernel_w), stride, dilation, out_hw, groups)
 
     def work(start, stop, scratch):
-        padded = _padded_tile(x, start, stop, before, padded_hw, scratch, "input", full_width)
-        columns = _columns_tile(
-            padded, (kernel_h, kernel_w), stride, dilation, out_hw, groups, scratch, "columns"
-        )
+        if samples_last:
+            columns = _samples_last_columns(x, start, stop, before, padded_hw, geometry, scratch)
+        else:
+            padded = _padded_tile(x, start, stop, before, padded_hw, scratch, "input")
+            columns = _columns_tile(
+                padded, (kernel_h, kernel_w), dilation, out_hw, groups, scratch, "columns"
+            )
         product = scratch_matrix(
             scratch, "product", (groups, out_channels // groups, columns.shape[2]), x.dtype, xp
         )
         xp.matmul(grouped_weight, columns, out=product)  # (g, O/g, T*L): one GEMM per group
-        _store_tile(product, output, start, stop, bias)
+        _store_tile(product, output, start, stop, bias, samples_last)
 
     for_each_tile(batch, size, work, on_gpu, threaded)
     return output
@@ -247,16 +323,24 @@ def convolution_weight_gradient(
     out_channels, in_per_group, kernel_h, kernel_w = weight_shape
     out_hw = grad.shape[2:]
     rows = in_per_group * groups * kernel_h * kernel_w
-    size, on_gpu, threaded = _tiles(batch, rows, out_hw[0] * out_hw[1], x, out_channels // groups)
-    full_width = _full_width(stride, padded_hw[1], out_hw[1])
+    samples_last = not _full_width(stride, padded_hw[1], out_hw[1])
+    size, on_gpu, threaded = _tiles(
+        batch, rows, out_hw[0] * out_hw[1], x, out_channels // groups, samples_last
+    )
+    geometry = ((kernel_h, kernel_w), stride, dilation, out_hw, groups)
 
     def work(start, stop, scratch):
-        row_width = padded_hw[1] if full_width else None
-        grouped_grad = _channels_first_tile(grad, start, stop, groups, scratch, "grad", row_width)
-        padded = _padded_tile(x, start, stop, before, padded_hw, scratch, "input", full_width)
-        columns = _columns_tile(
-            padded, (kernel_h, kernel_w), stride, dilation, out_hw, groups, scratch, "columns"
-        )
+        if samples_last:
+            grouped_grad = _samples_last_gradient(grad, start, stop, groups, scratch)
+            columns = _samples_last_columns(x, start, stop, before, padded_hw, geometry, scratch)
+        else:
+            grouped_grad = _channels_first_tile(
+                grad, start, stop, groups, scratch, "grad", padded_hw[1]
+            )
+            padded = _padded_tile(x, start, stop, before, padded_hw, scratch, "input")
+            columns = _columns_tile(
+                padded, (kernel_h, kernel_w), dilation, out_hw, groups, scratch, "columns"
+            )
         partial = _weight_gradient(columns, grouped_grad)
         if "weight" in scratch:
             scratch["weight"] += partial

@@ -231,7 +231,7 @@ def test_an_error_in_a_tile_reaches_the_caller_and_blas_gets_its_threads_back():
     "settings",
     [{"padding": 1}, {"padding": (0, 2), "dilation": (2, 2)}, {"groups": 2, "padding": (1, 0)}],
 )
-def test_full_width_and_strided_columns_give_the_same_convolution(monkeypatch, rng, settings):
+def test_full_width_and_samples_last_columns_give_the_same_convolution(monkeypatch, rng, settings):
     # Stride-1 convolutions take either column layout (by how much the full-width one adds);
     # force each for the forward and both gradients.
     arrays = [
@@ -242,8 +242,8 @@ def test_full_width_and_strided_columns_give_the_same_convolution(monkeypatch, r
     for full_width in (True, False):
         monkeypatch.setattr(conv, "_full_width", lambda *args, full_width=full_width: full_width)
         results.append(conv_results(ops.conv2d, arrays, **settings))
-    for with_full_width, strided in zip(*results, strict=True):
-        np.testing.assert_allclose(with_full_width, strided, rtol=1e-12, atol=1e-12)
+    for with_full_width, samples_last in zip(*results, strict=True):
+        np.testing.assert_allclose(with_full_width, samples_last, rtol=1e-12, atol=1e-12)
 
 
 def test_a_single_tile_runs_with_blas_held_to_one_thread():
