@@ -27,6 +27,10 @@ directions side by side along the features.
 
 from __future__ import annotations
 
+import threading
+
+import numpy as np
+
 from bigdl_py import backend
 from bigdl_py.autograd.function import Function
 from bigdl_py.autograd.ops import conv_tiles
@@ -67,6 +71,54 @@ class _GateActivations:
         return xp.ascontiguousarray(xp.swapaxes(weight * self.scale[:, None], 1, 2))
 
 
+# Most bytes of host buffers kept between calls (the bench's BiLSTM layer uses ~55 MB a step).
+_POOL_BYTES = 256 << 20
+
+
+class _BufferPool:
+    """Large host arrays of one call, kept for the next call of the same shapes.
+
+    A new array of several MB comes from the OS zero-filled, page by page: the bench's BiLSTM
+    step took ~4,400 minor page faults and 14-17 ms of system time (beside ~101-108 ms of
+    user time) with every buffer new. Arrays saved for the backward come back when the
+    Function is released (after a backward without ``retain_graph``), the backward's own at
+    its end. Past ``limit_bytes`` the pool starts afresh (sequence lengths changed). GPU
+    arrays are never kept: CuPy has its own memory pool.
+    """
+
+    def __init__(self, limit_bytes: int):
+        self._free: dict = {}
+        self._bytes = 0
+        self._limit_bytes = limit_bytes
+        self._lock = threading.Lock()
+
+    def take(self, like, shape: tuple, dtype):
+        """An uninitialised array of ``shape`` on ``like``'s device."""
+        if not backend.is_cupy_array(like):
+            with self._lock:
+                stack = self._free.get((tuple(shape), np.dtype(dtype).str))
+                if stack:
+                    array = stack.pop()
+                    self._bytes -= array.nbytes
+                    return array
+        return backend.array_module(like).empty(shape, dtype=dtype)
+
+    def give(self, *arrays) -> None:
+        """Keep host ``arrays`` (whole arrays no longer used) for later calls."""
+        with self._lock:
+            for array in arrays:
+                if not isinstance(array, np.ndarray) or array.base is not None:
+                    continue
+                if self._bytes + array.nbytes > self._limit_bytes:
+                    self._free.clear()
+                    self._bytes = 0
+                self._free.setdefault((array.shape, array.dtype.str), []).append(array)
+                self._bytes += array.nbytes
+
+
+_pool = _BufferPool(_POOL_BYTES)
+
+
 class LSTMSequence(Function):
     """One LSTM layer over a sequence, in one or two directions.
 
@@ -105,10 +157,10 @@ class LSTMSequence(Function):
         hidden_rows = slice(features, features + size)
         columns[:, hidden_rows, 0] = xp.swapaxes(h0, 1, 2)
         steps, batch = columns.shape[2] - 1, columns.shape[3]
-        gates = xp.empty((directions, steps, gate_width, batch), dtype=x.dtype)
-        cells = xp.empty((directions, steps + 1, size, batch), dtype=x.dtype)  # c_0 .. c_T
+        gates = _pool.take(x, (directions, steps, gate_width, batch), x.dtype)
+        cells = _pool.take(x, (directions, steps + 1, size, batch), x.dtype)  # c_0 .. c_T
         cells[:, 0] = xp.swapaxes(c0, 1, 2)
-        tanh_cells = xp.empty((directions, steps, size, batch), dtype=x.dtype)
+        tanh_cells = _pool.take(x, (directions, steps, size, batch), x.dtype)
         hiddens = columns[:, hidden_rows]  # (D, H, T + 1, N)
         output = _empty_layer_layout(xp, directions, steps + 2, batch, size, x.dtype, batch_first)
 
@@ -134,7 +186,12 @@ class LSTMSequence(Function):
         _for_each_direction(x, directions, run, size * gate_width * batch)
         self.batch_first, self.has_bias = batch_first, bias_ih is not None
         self.save_for_backward(columns, weights, gates, cells, tanh_cells)
+        self.pooled = (columns, gates, cells, tanh_cells)
         return output
+
+    def _release_extra(self) -> None:
+        _pool.give(*getattr(self, "pooled", ()))
+        self.pooled = ()
 
     def backward(self, grad):
         columns, weights, gates, cells, tanh_cells = self.saved
@@ -154,11 +211,11 @@ class LSTMSequence(Function):
             xp.swapaxes(weights[:, :, features : features + size], 1, 2)
         )
         # Every step's gate gradients as one (4H, T * N) matrix per direction, for the GEMMs.
-        grad_gates = xp.empty((directions, gate_width, steps, batch), dtype=gates.dtype)
+        grad_gates = _pool.take(gates, (directions, gate_width, steps, batch), gates.dtype)
         grad_weights = xp.empty_like(weights)
         needs_input = self.needs_input_grad[0]
         inputs_grad = (
-            xp.empty((directions, steps, batch, features), dtype=gates.dtype)
+            _pool.take(gates, (directions, steps, batch, features), gates.dtype)
             if needs_input
             else None
         )
@@ -189,8 +246,10 @@ class LSTMSequence(Function):
         # Back to PyTorch's gate order and parameters.
         grad_weights = grad_weights[:, _lstm_rows_to_pytorch(size, xp)]
         grad_bias = grad_weights[:, :, features + size] if self.has_bias else None
+        grad_x = _summed_input_gradient(inputs_grad, self.batch_first)
+        _pool.give(grad_gates, inputs_grad)
         return (
-            _summed_input_gradient(inputs_grad, self.batch_first),
+            grad_x,
             grad_weights[:, :, :features],
             grad_weights[:, :, features : features + size],
             xp.ascontiguousarray(xp.swapaxes(grad_hidden, 1, 2)),
@@ -229,11 +288,10 @@ def _lstm_columns(x, directions: int, size: int, with_bias: bool, batch_first: b
     h_t; 1]`` with ``x`` in that direction's reading order; here only the ones and the ``x``
     rows of block ``T`` (zeros) are filled: ``_fill_input_columns`` writes the input and the
     recurrence the hidden states ``h_0`` .. ``h_T``."""
-    xp = backend.array_module(x)
     steps = x.shape[1 if batch_first else 0]
     batch, features = x.shape[0 if batch_first else 1], x.shape[2]
     rows = features + size + (1 if with_bias else 0)
-    columns = xp.empty((directions, rows, steps + 1, batch), dtype=x.dtype)
+    columns = _pool.take(x, (directions, rows, steps + 1, batch), x.dtype)
     columns[:, :features, steps] = 0
     if with_bias:
         columns[:, features + size] = 1

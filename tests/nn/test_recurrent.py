@@ -409,3 +409,26 @@ def test_bidirectional_layer_is_the_same_with_one_loop_or_a_thread_per_direction
             results.append([output.numpy()] + [np.array(g, copy=True) for g in grads])
     for one_loop, threaded in zip(*results, strict=True):
         np.testing.assert_allclose(one_loop, threaded, rtol=1e-12, atol=1e-14)
+
+
+def test_lstm_reusing_buffers_keeps_each_pending_backward_right():
+    # The LSTM reuses its large buffers once a backward has released them; two forward
+    # passes whose backward is still to come must not share any.
+    layer = nn.LSTM(3, 4, bidirectional=True, dtype=F64)
+    inputs = [sequence(steps=5, batch=2, seed=seed) for seed in (0, 1)]
+
+    def gradients(pending_together: bool) -> list:
+        xs = [Tensor(x, requires_grad=True, dtype=F64) for x in inputs]
+        results = []
+        outputs = [layer(x)[0] for x in xs] if pending_together else []
+        for k, x in enumerate(xs):
+            layer.zero_grad()
+            output = outputs[k] if pending_together else layer(x)[0]
+            (output * output).sum().backward()
+            results += [x.grad.numpy()] + [np.array(p.grad.numpy()) for p in layer.parameters()]
+        return results
+
+    one_at_a_time = gradients(pending_together=False)
+    for _ in range(2):  # the second round runs on reused buffers
+        for expected, got in zip(one_at_a_time, gradients(pending_together=True), strict=True):
+            np.testing.assert_array_equal(got, expected)
