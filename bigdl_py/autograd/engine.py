@@ -77,17 +77,16 @@ def topological_order(root) -> list:
     """Nodes reachable from ``root`` (a Function or a leaf Tensor), inputs before consumers."""
     order = []
     visited = {id(root)}
-    # Each stack entry is (node, its input nodes, index of the next one to visit).
-    stack = [(root, input_nodes(root), 0)]
+    # Each stack entry is (node, an iterator over its input nodes not yet visited).
+    stack = [(root, iter(input_nodes(root)))]
     while stack:
-        node, children, next_child = stack[-1]
-        if next_child < len(children):
-            stack[-1] = (node, children, next_child + 1)
-            child = children[next_child]
+        node, children = stack[-1]
+        for child in children:
             if id(child) not in visited:
                 visited.add(id(child))
-                stack.append((child, input_nodes(child), 0))
-        else:
+                stack.append((child, iter(input_nodes(child))))
+                break
+        else:  # every input done
             stack.pop()
             order.append(node)
     return order

@@ -135,6 +135,11 @@ def _constant(value: Any, reference, op_name: str):
         raise TypeError(f"{op_name}: got None where a tensor or number was expected")
     if reference is None:
         return Tensor(value, _copy=False)
+    if type(value) is np.ndarray and type(reference.data) is np.ndarray:
+        # Host data for a host op, as index arrays are (embedding): no device lookups.
+        if value.dtype.kind == "f" and reference.dtype.kind == "f":
+            value = value.astype(reference.dtype, copy=False)
+        return Tensor(value, _copy=False)
     xp = reference.device.xp
     if isinstance(value, (bool, int, float)) and backend.is_floating(reference.dtype):
         array = xp.asarray(value, dtype=reference.dtype)

@@ -141,4 +141,3 @@ def test_an_embedding_of_a_computed_table_passes_a_dense_gradient_back():
     weight = Tensor(np.ones((3, 2)), requires_grad=True)
     ops.embedding(np.array([0, 0, 2]), weight * 3.0).sum().backward()
     np.testing.assert_allclose(weight.grad.numpy()[:, 0], [6.0, 0.0, 3.0])
-

@@ -25,6 +25,8 @@ SHAPE_CASES = [
     ("getitem_boolean_mask", lambda a: a[BOOLEAN_MASK], [(3, 4)]),
     ("getitem_boolean_rows", lambda a: a[np.array([True, False, True])], [(3, 4)]),
     ("concatenate", lambda a, b: ops.concatenate([a, b, a], axis=1), [(2, 3), (2, 1)]),
+    ("concatenate_last_axis", lambda a, b: ops.concatenate([b, a], axis=-1), [(2, 3), (2, 1)]),
+    ("concatenate_first", lambda a, b: ops.concatenate([a, b], axis=0), [(1, 3), (2, 3)]),
     ("stack", lambda a, b: ops.stack([a, b], axis=1), [(2, 3), (2, 3)]),
     ("stack_last_axis", lambda a, b: ops.stack([a, b], axis=-1), [(2, 3), (2, 3)]),
     ("where", lambda a, b: ops.where(BOOLEAN_MASK, a, b), [(3, 4), (3, 4)]),
