@@ -3,8 +3,8 @@ pooling shares.
 
 A tile is a few samples (``conv_tiles.py`` says why and how they are shared out among
 threads). For each tile the columns are ``(C*KH*KW, T*L)``, the tile's samples side by side
-(stride-1 layers wide enough for "full-width" rows, ``_columns_tile``) or interleaved, the
-samples innermost (every other layer, ``_samples_last_columns``), so each product is one
+(``_columns_tile``; "full-width" rows on wide stride-1 layers) or interleaved, the samples
+innermost (narrow stride-1 layers, ``_samples_last``), so each product is one
 GEMM per group of a size OpenBLAS runs well, on data still in cache from the im2col copy
 that wrote it.
 
@@ -80,15 +80,17 @@ def offset_slices(
     )
 
 
-def _padded_tile(source, start, stop, before, padded_hw, scratch, name):
+def _padded_tile(source, start, stop, before, padded_hw, scratch, name, full_width=False):
     """``source[start:stop]`` placed ``before`` rows/columns into a zero ``padded_hw`` frame.
 
     Rows and columns of the source that fall beyond the frame are dropped (a transposed
     convolution's backward uses that to skip rows no window reaches). The frame is a
     per-thread buffer zeroed once per op: every tile writes the same interior, so the border
-    stays zero. It is contiguous, with one row of slack after it (the last full-width
-    windows read up to a row past the frame's end).
+    stays zero. For ``full_width`` columns the frame is always a copy, contiguous, with one
+    row of slack after it (the last windows read up to a row past the frame's end).
     """
+    if not full_width and before == (0, 0) and tuple(source.shape[2:]) == tuple(padded_hw):
+        return source[start:stop]
     xp = backend.array_module(source)
     channels, height, width = source.shape[1:]
     shape = (stop - start, channels) + tuple(padded_hw)
@@ -103,26 +105,35 @@ def _padded_tile(source, start, stop, before, padded_hw, scratch, name):
     return frame
 
 
-def _columns_tile(padded, kernel, dilation, out_hw, groups, scratch, name):
-    """Copy the windows of ``padded (T, C, Hp, Wp)`` (from ``_padded_tile``) to full-width
-    columns ``(groups, C/g*KH*KW, T*L)`` of a stride-1 convolution.
+def _columns_tile(padded, kernel, stride, dilation, out_hw, groups, scratch, name):
+    """Copy the windows of ``padded (T, C, Hp, Wp)`` to columns ``(groups, C/g*KH*KW, T*L)``.
 
-    "Full width": ``L = OH * Wp``, each output row computed at all ``Wp`` positions of the
-    padded row, the last ``Wp - OW`` of them garbage that ``_store_tile`` drops (and that
-    ``_channels_first_tile`` meets with zero gradients). Then each ``(c, kh, kw, sample)``
-    window is ONE contiguous run of ``OH * Wp`` elements of the frame, copied 2-4x faster
-    than ``OH`` runs of ``OW``, for 6-12 % more GEMM work on the CIFAR CNN's 32x32 and 16x16
-    layers. The last windows run into the frame's slack row.
+    The strided view is ``(C, KH, KW, T, OH, OW)``: the copy reads whole output rows of the
+    input (contiguous for stride 1) and writes the columns in order.
+
+    For stride 1 the columns are "full width": ``L = OH * Wp``, each output row computed at
+    all ``Wp`` positions of the padded row, the last ``Wp - OW`` of them garbage that
+    ``_store_tile`` drops (and that ``_channels_first_tile`` meets with zero gradients). Then
+    each ``(c, kh, kw, sample)`` window is ONE contiguous run of ``OH * Wp`` elements of the
+    frame, copied 2-4x faster than ``OH`` runs of ``OW``, for 6-12 % more GEMM work on the
+    CIFAR CNN's 32x32 and 16x16 layers. ``padded`` must then come from ``_padded_tile(...,
+    full_width=True)`` (the last windows run into its slack).
     """
     xp = backend.array_module(padded)
     tile, channels = padded.shape[:2]
     stride_n, stride_c, stride_h, stride_w = padded.strides
+    if _full_width(stride, padded.shape[3], out_hw[1]):
+        shape = (channels, kernel[0], kernel[1], tile, out_hw[0] * padded.shape[3])
+        last_axis = (stride_w,)
+    else:
+        shape = (channels, kernel[0], kernel[1], tile, out_hw[0], out_hw[1])
+        last_axis = (stride_h * stride[0], stride_w * stride[1])
     windows = xp.lib.stride_tricks.as_strided(
         padded,
-        shape=(channels, kernel[0], kernel[1], tile, out_hw[0] * padded.shape[3]),
-        strides=(stride_c, stride_h * dilation[0], stride_w * dilation[1], stride_n, stride_w),
+        shape=shape,
+        strides=(stride_c, stride_h * dilation[0], stride_w * dilation[1], stride_n) + last_axis,
     )
-    width = tile * out_hw[0] * padded.shape[3]
+    width = tile * windows[0, 0, 0, 0].size
     columns = scratch_matrix(
         scratch, name, (groups, channels * kernel[0] * kernel[1] // groups, width), padded.dtype, xp
     )
@@ -175,18 +186,25 @@ def _store_tile(product, out, start, stop, bias=None, samples_last=False) -> Non
         xp.add(samples, bias.reshape(1, -1, 1, 1), out=out[start:stop])
 
 
+def _samples_last(stride, padded_width: int, out_width: int) -> bool:
+    """Samples-last columns for stride-1 convolutions too narrow for full-width rows
+    (ResNet-18's 8x8 and 4x4 layers, LeNet-5's second).
+
+    There a window row of one sample is only ``OW`` = 4-8 floats; with the samples innermost
+    each window copies runs of ``T`` floats instead. Forward and weight gradient, CPU ms at
+    one thread (medians of 6-30 alternated with the sample-major layout): LeNet-5's second
+    layer at batch 128 1.41/1.58 -> 0.85/1.03, ResNet-18's 256x8x8 57.8/59.9 -> 56.1/57.7,
+    512x4x4 55.2/56.2 -> 53.9/55.8. Strided convolutions keep the sample-major layout: the
+    frame would copy every input pixel to read a quarter of them (ResNet-18's 1x1 stride-2
+    shortcut: 6.3 -> 21.8 ms forward with samples last; its 3x3 stride-2 convolution on
+    32x32, 34.8 -> 41.0).
+    """
+    return tuple(stride) == (1, 1) and not _full_width(stride, padded_width, out_width)
+
+
 def _samples_last_columns(source, start, stop, before, padded_hw, geometry, scratch):
     """Columns ``(groups, C/g*KH*KW, OH*OW*T)`` of ``source[start:stop]`` with the samples
-    innermost, through a zero-bordered ``(C, Hp, Wp, T)`` frame: the layout of every
-    convolution whose columns are not full width (``_full_width``).
-
-    There a window row of one sample is only ``OW`` elements (strides, ResNet-18's 8x8 and
-    4x4 layers, LeNet-5's second), and copying runs of 4-8 floats was the step's largest
-    cost after the GEMMs. With the samples innermost each window copies runs of ``T``
-    floats: a 16-sample tile of the 4x4 layer (512 channels) took 0.40 ms for the frame,
-    the columns and the store against 2.1 ms (CPU time, medians of 20). ResNet-18's step at
-    one thread: 3251 -> 3100 ms, LeNet-5's 11.7 -> 10.7 (CPU time, medians of 6 and 60
-    alternated).
+    innermost, through a zero-bordered ``(C, Hp, Wp, T)`` frame (see ``_samples_last``).
 
     ``geometry`` is ``(kernel, stride, dilation, out_hw, groups)``. Rows and columns of
     the source beyond the frame are dropped, as in ``_padded_tile``.
@@ -275,20 +293,19 @@ def convolve(x, weight, stride, before, padded_hw, dilation, groups: int, bias=N
     output = xp.empty((batch, out_channels) + out_hw, dtype=x.dtype)
     grouped_weight = weight.reshape(groups, out_channels // groups, -1)
     rows = grouped_weight.shape[2] * groups
-    samples_last = not _full_width(stride, padded_hw[1], out_hw[1])
+    samples_last = _samples_last(stride, padded_hw[1], out_hw[1])
     size, on_gpu, threaded = _tiles(
         batch, rows, out_hw[0] * out_hw[1], x, out_channels // groups, samples_last
     )
+    full_width = _full_width(stride, padded_hw[1], out_hw[1])
     geometry = ((kernel_h, kernel_w), stride, dilation, out_hw, groups)
 
     def work(start, stop, scratch):
         if samples_last:
             columns = _samples_last_columns(x, start, stop, before, padded_hw, geometry, scratch)
         else:
-            padded = _padded_tile(x, start, stop, before, padded_hw, scratch, "input")
-            columns = _columns_tile(
-                padded, (kernel_h, kernel_w), dilation, out_hw, groups, scratch, "columns"
-            )
+            padded = _padded_tile(x, start, stop, before, padded_hw, scratch, "input", full_width)
+            columns = _columns_tile(padded, *geometry[:4], groups, scratch, "columns")
         product = scratch_matrix(
             scratch, "product", (groups, out_channels // groups, columns.shape[2]), x.dtype, xp
         )
@@ -323,10 +340,11 @@ def convolution_weight_gradient(
     out_channels, in_per_group, kernel_h, kernel_w = weight_shape
     out_hw = grad.shape[2:]
     rows = in_per_group * groups * kernel_h * kernel_w
-    samples_last = not _full_width(stride, padded_hw[1], out_hw[1])
+    samples_last = _samples_last(stride, padded_hw[1], out_hw[1])
     size, on_gpu, threaded = _tiles(
         batch, rows, out_hw[0] * out_hw[1], x, out_channels // groups, samples_last
     )
+    full_width = _full_width(stride, padded_hw[1], out_hw[1])
     geometry = ((kernel_h, kernel_w), stride, dilation, out_hw, groups)
 
     def work(start, stop, scratch):
@@ -334,13 +352,12 @@ def convolution_weight_gradient(
             grouped_grad = _samples_last_gradient(grad, start, stop, groups, scratch)
             columns = _samples_last_columns(x, start, stop, before, padded_hw, geometry, scratch)
         else:
+            row_width = padded_hw[1] if full_width else None
             grouped_grad = _channels_first_tile(
-                grad, start, stop, groups, scratch, "grad", padded_hw[1]
+                grad, start, stop, groups, scratch, "grad", row_width
             )
-            padded = _padded_tile(x, start, stop, before, padded_hw, scratch, "input")
-            columns = _columns_tile(
-                padded, (kernel_h, kernel_w), dilation, out_hw, groups, scratch, "columns"
-            )
+            padded = _padded_tile(x, start, stop, before, padded_hw, scratch, "input", full_width)
+            columns = _columns_tile(padded, *geometry[:4], groups, scratch, "columns")
         partial = _weight_gradient(columns, grouped_grad)
         if "weight" in scratch:
             scratch["weight"] += partial

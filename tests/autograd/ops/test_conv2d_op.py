@@ -231,19 +231,22 @@ def test_an_error_in_a_tile_reaches_the_caller_and_blas_gets_its_threads_back():
     "settings",
     [{"padding": 1}, {"padding": (0, 2), "dilation": (2, 2)}, {"groups": 2, "padding": (1, 0)}],
 )
-def test_full_width_and_samples_last_columns_give_the_same_convolution(monkeypatch, rng, settings):
-    # Stride-1 convolutions take either column layout (by how much the full-width one adds);
-    # force each for the forward and both gradients.
+def test_the_three_column_layouts_give_the_same_convolution(monkeypatch, rng, settings):
+    # Stride-1 convolutions take full-width or samples-last columns (by how much the
+    # full-width ones add), strided ones sample-major rows; force each layout for the
+    # forward and both gradients.
     arrays = [
         rng.standard_normal((3, 4, 5, 6)),
         rng.standard_normal((4, 2 if "groups" in settings else 4, 3, 3)),
     ]
     results = []
-    for full_width in (True, False):
-        monkeypatch.setattr(conv, "_full_width", lambda *args, full_width=full_width: full_width)
+    for full_width, samples_last in ((True, False), (False, True), (False, False)):
+        monkeypatch.setattr(conv, "_full_width", lambda *args, value=full_width: value)
+        monkeypatch.setattr(conv, "_samples_last", lambda *args, value=samples_last: value)
         results.append(conv_results(ops.conv2d, arrays, **settings))
-    for with_full_width, samples_last in zip(*results, strict=True):
-        np.testing.assert_allclose(with_full_width, samples_last, rtol=1e-12, atol=1e-12)
+    for layouts in zip(*results, strict=True):
+        for other in layouts[1:]:
+            np.testing.assert_allclose(other, layouts[0], rtol=1e-12, atol=1e-12)
 
 
 def test_a_single_tile_runs_with_blas_held_to_one_thread():
