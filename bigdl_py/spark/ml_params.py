@@ -334,10 +334,12 @@ class NNEstimatorParams(NNModelParams, HasLabelCol):
     updateMode = Param(
         Params._dummy(),
         "updateMode",
-        'the training mode (DistriOptimizer(update=)): "auto" (default: replicated for small '
-        'models, else sharded), "sharded" (BigDL\'s AllReduce: each partition steps its '
-        'slice), "replicated" (every partition steps the whole vector: one Spark stage per '
-        'iteration) or "local-sgd:PERIOD[:WARMUP]" (periodic model averaging, not exact)',
+        'the training mode (DistriOptimizer(update=)): "auto" (default: one-replica in local '
+        'mode; on a cluster replicated for small models, else sharded), "one-replica" (one '
+        'replica trains every global batch: exact, one task per job), "sharded" (BigDL\'s '
+        'AllReduce: each partition steps its slice), "replicated" (every partition steps the '
+        'whole vector: one Spark stage per iteration) or "local-sgd:PERIOD[:WARMUP]" (periodic '
+        "model averaging, not exact)",
         typeConverter=to_update_mode,
     )
     seed = Param(

@@ -289,6 +289,12 @@ def task_slots(sc: SparkContext) -> int:
     return max(1, sc.defaultParallelism // cpus_per_task)
 
 
+def is_local_mode(sc: SparkContext) -> bool:
+    """Whether Spark runs in this one process (``local``, ``local[n]``, ``local[*]``):
+    every partition on one machine, in one executor."""
+    return _LOCAL_MASTER.match(sc.master) is not None
+
+
 def executors_share_a_disk(sc: SparkContext) -> bool:
     """Whether every executor can read the files another one wrote on its local disk.
 

@@ -325,10 +325,11 @@ class SparkTrainingRun:
         def read_state(owner, rows):
             drain(rows)
             spec = load_spec()
-            key = state_key(spec, owner)
+            keeper = spec.mode.state_owner(owner)
+            key = state_key(spec, keeper)
             method = worker.lookup(spec.run_id, key, version=completed - 1)
             if method is None:
-                method = owned_shard(spec, owner, completed, initial_states)
+                method = owned_shard(spec, keeper, completed, initial_states)
                 worker.store(spec.run_id, key, method, version=completed - 1)
             yield owner, spec.mode.checkpoint_state(method.state_dict(), owner, bounds)
 

@@ -102,6 +102,18 @@ def test_auto_picks_replicated_for_small_models_and_sharded_for_large_ones():
     assert choose_mode(5 << 20, 4, True, False).update == "sharded"
 
 
+def test_auto_picks_one_replica_in_local_mode_whatever_the_model():
+    for parameter_bytes in (89_000, 64 << 20):
+        choice = choose_mode(parameter_bytes, 2, True, False, local_mode=True)
+        assert (choice.update, choice.iterations_per_job) == ("one-replica", 64)
+    assert choose_mode(89_000, 2, True, True, local_mode=True).update == "one-replica"
+    assert choose_mode(89_000, 2, True, False, 100, local_mode=True).iterations_per_job == 100
+    assert choose_mode(89_000, 2, True, False, local_mode=True).reason == (
+        "update: one-replica, 64 iterations per job: local mode, 2 partitions on one machine "
+        "train as one replica (0.09 MB of parameters)"
+    )
+
+
 # --- on Spark ------------------------------------------------------------------------------------
 
 
@@ -117,7 +129,13 @@ def double_classifier():
 @pytest.mark.spark
 @pytest.mark.parametrize(
     "update, per_job, clip",
-    [("sharded", 1, False), ("sharded", 1, True), ("sharded", 4, False), ("replicated", 4, True)],
+    [
+        ("sharded", 1, False),
+        ("sharded", 1, True),
+        ("sharded", 4, False),
+        ("replicated", 4, True),
+        ("one-replica", 4, True),
+    ],
 )
 def test_float64_models_train_in_every_mode_as_locally(spark, update, per_job, clip):
     """The one-iteration path, the two-job clipped path and chains all keep float64."""
@@ -164,11 +182,73 @@ def test_auto_is_the_default_and_logs_its_choice_once(spark, caplog):
     with caplog.at_level(logging.INFO, logger="bigdl_py.spark"):
         with blob_optimizer(Adam(lr=0.01), end_trigger=MaxIteration(3), num_partitions=2) as run:
             run.optimize()
-            assert run.runner.mode.name == "replicated"
+            assert run.runner.mode.name == "one-replica"  # the tests' session is local[2]
     choices = [r.getMessage() for r in caplog.records if r.getMessage().startswith("update:")]
     assert choices == [
-        "update: replicated, 16 iterations per job: 0.00 MB of parameters, 2 partitions"
+        "update: one-replica, 64 iterations per job: local mode, 2 partitions on one machine "
+        "train as one replica (0.00 MB of parameters)"
     ]
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_one_replica_trains_the_global_batches_of_the_exact_modes(spark, dtype):
+    """One task per job trains partition 0's share first, then 1's...: LocalOptimizer over
+    the planned batches exactly, the replicated update's weights to float rounding, and one
+    Spark job per chain (10 iterations: an epoch of 7 batches, then 3)."""
+    features, labels = blobs()
+    features = features.astype(dtype)
+
+    def run(update):
+        model = classifier().to(dtype=dtype)
+        method = SGD(lr=0.1, momentum=0.9, weight_decay=1e-3)
+        optimizer = DistriOptimizer_(model, (features, labels), method, update=update)
+        jobs = []
+        run_iterations = optimizer.runner.run_iterations
+
+        def recorded(steps, stop_after_nonfinite):
+            jobs.append(len(steps))
+            return run_iterations(steps, stop_after_nonfinite)
+
+        optimizer.runner.run_iterations = recorded
+        with optimizer:
+            return flat(optimizer.optimize()), optimizer, jobs
+
+    one, optimizer, jobs = run("one-replica")
+    local = LocalOptimizer(
+        classifier().to(dtype=dtype),
+        optimizer.local_reference_dataset(features, labels),
+        nn.NLLLoss(),
+        SGD(lr=0.1, momentum=0.9, weight_decay=1e-3),
+        batch_size=BATCH,
+        end_trigger=MaxIteration(10),
+        progress=False,
+    )
+    np.testing.assert_array_equal(one, flat(local.optimize()))
+    replicated, _, _ = run("replicated")
+    assert relative_error(one, replicated) <= (1e-6 if dtype == np.float32 else 1e-12)
+    assert relative_error(one, flat(classifier())) > 1e-2
+    assert jobs == [7, 3]  # an epoch's end ends a job; nothing else does
+
+
+@pytest.mark.spark
+def test_one_replica_needs_executors_that_share_a_disk():
+    from bigdl_py.spark.modes.one_replica import OneReplica
+    from bigdl_py.spark.replica import RunSpec
+
+    spec = RunSpec("run", None, None, None, 2, 10, 8, None, carry_state=True)
+    with pytest.raises(ValueError, match="one-replica.*share a disk"):
+        OneReplica().iterations_per_call(8, spec)
+
+
+def test_partitions_in_order_gathers_rows_across_partitions():
+    from bigdl_py.spark.modes.one_replica import PartitionsInOrder
+
+    parts = [np.arange(6).reshape(3, 2), np.arange(6, 10).reshape(2, 2)]
+    joined = PartitionsInOrder(parts)
+    assert joined.shape == (5, 2) and len(joined) == 5
+    indices = np.array([4, 0, 3, 2])
+    np.testing.assert_array_equal(joined[indices], np.concatenate(parts)[indices])
 
 
 @pytest.mark.spark

@@ -24,6 +24,7 @@ _MODULES = {
     "sharded": "bigdl_py.spark.modes.sharded:Sharded",
     "replicated": "bigdl_py.spark.modes.replicated:Replicated",
     "local-sgd": "bigdl_py.spark.modes.local_sgd:LocalSGD",
+    "one-replica": "bigdl_py.spark.modes.one_replica:OneReplica",
 }
 
 
@@ -76,6 +77,11 @@ class TrainingMode:
         return [dict(whole) for _ in range(count)]
 
     # --- the executors' side ------------------------------------------------------------
+    def state_owner(self, partition: int) -> int:
+        """Which partition's task keeps the optimizer state checkpoint entry ``partition``
+        is cut from (a mode with one replica keeps all of it in one place)."""
+        return partition
+
     def initial_state(self, shards: list[dict], partition: int, flat_size: int) -> dict:
         """Partition ``partition``'s optimizer state at a resume, from ``resume_states``."""
         return shards[partition]
