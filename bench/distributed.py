@@ -32,9 +32,10 @@ per iteration less forward-backward and update: Spark's stages, shuffles and Pyt
 hand-offs) and ``driver`` (the loop and building the job's RDDs, per iteration). The same
 model's LocalOptimizer samples/s in this process is printed beside it. ``cnn`` does the
 same for bench/engine.py's CIFAR CNN on random 3x32x32 images. A mode is
-``UPDATE[:ITERATIONS_PER_JOB]``: ``sharded``, ``replicated``, ``auto`` or ``local-sgd-K``
-(``LocalSGD(period=K)``); without a count, DistriOptimizer's default (auto's own pick for
-``auto``). Warm-up and measured iterations are rounded up to whole jobs and LocalSGD rounds.
+``UPDATE[:ITERATIONS_PER_JOB]``: ``sharded``, ``replicated``, ``one-replica``, ``auto`` or
+``local-sgd-K`` (``LocalSGD(period=K)``); without a count, DistriOptimizer's default (auto's
+own pick for ``auto``). Warm-up and measured iterations are rounded up to whole jobs and
+LocalSGD rounds.
 
 ``resnet`` is the AllReduce issue's judge at a real model size: ResNet-18 in its CIFAR form
 (``bigdl_py.models.resnet18``, 11.2 M parameters, 45 MB of float32 gradient) on random
@@ -425,8 +426,8 @@ def bench_all(
     spark.stop()
 
 
-RESNET_MODES = ["sharded:1", "replicated:1", "auto", "local-sgd-4:4"]
-EXACT_UPDATES = ("sharded", "replicated")
+RESNET_MODES = ["sharded:1", "replicated:1", "one-replica", "auto", "local-sgd-4:4"]
+EXACT_UPDATES = ("sharded", "replicated", "one-replica")
 OUTSIDE_COMPUTE_BAR = 0.25  # issue 14: an exact mode's share outside forward-backward + update
 
 
@@ -692,7 +693,7 @@ def main(argv=None):
         nargs="+",
         default=[parse_mode(mode) for mode in RESNET_MODES],
         metavar="UPDATE[:ITERATIONS_PER_JOB]",
-        help="sharded, replicated, auto or local-sgd-K (LocalSGD(period=K))",
+        help="sharded, replicated, one-replica, auto or local-sgd-K (LocalSGD(period=K))",
     )
     resnet.add_argument("--rounds", type=int, default=1, help="measurements of each mode")
     resnet.add_argument(
