@@ -104,7 +104,9 @@ def run_backward(root, grad_output, retain_graph: bool = False) -> None:
         if not isinstance(node, Function):
             node._accumulate_grad(gradient)
             continue
-        input_gradients = backward_step(node, as_dense(gradient))
+        if type(gradient) is RowGradient:  # a Function's backward takes arrays only
+            gradient = gradient.dense()
+        input_gradients = backward_step(node, gradient)
         del gradient  # the output's gradient is dead now: free it before the next node runs
         for edge, input_gradient in zip(node.inputs, input_gradients, strict=False):
             if edge is None or input_gradient is None:
