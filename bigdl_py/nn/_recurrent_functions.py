@@ -119,7 +119,18 @@ class _BufferPool:
 _pool = _BufferPool(_POOL_BYTES)
 
 
-class LSTMSequence(Function):
+class _PooledSequence(Function):
+    """A sequence Function whose saved buffers (``pooled``) go back to the pool when it is
+    released."""
+
+    pooled: tuple = ()
+
+    def _release_extra(self) -> None:
+        _pool.give(*self.pooled)
+        self.pooled = ()
+
+
+class LSTMSequence(_PooledSequence):
     """One LSTM layer over a sequence, in one or two directions.
 
     Inputs: the layer's input ``x`` (``(N, T, F)`` when ``batch_first``, else ``(T, N,
@@ -189,10 +200,6 @@ class LSTMSequence(Function):
         self.pooled = (columns, gates, cells, tanh_cells)
         return output
 
-    def _release_extra(self) -> None:
-        _pool.give(*getattr(self, "pooled", ()))
-        self.pooled = ()
-
     def backward(self, grad):
         columns, weights, gates, cells, tanh_cells = self.saved
         xp = backend.array_module(gates)
@@ -247,7 +254,7 @@ class LSTMSequence(Function):
         grad_weights = grad_weights[:, _lstm_rows_to_pytorch(size, xp)]
         grad_bias = grad_weights[:, :, features + size] if self.has_bias else None
         grad_x = _summed_input_gradient(inputs_grad, self.batch_first)
-        _pool.give(grad_gates, inputs_grad)
+        _pool.give(grad_gates, inputs_grad, grad_steps)
         return (
             grad_x,
             grad_weights[:, :, :features],
@@ -379,7 +386,7 @@ def _lstm_steps_backward(
         xp.matmul(hidden_weights_t, step_grad, out=grad_hidden)
 
 
-class GRUSequence(Function):
+class GRUSequence(_PooledSequence):
     """One GRU layer over a sequence, in one or two directions.
 
     Inputs: ``x`` (``(N, T, F)`` or ``(T, N, F)``), ``weight_ih (D, 3H, F)``, ``weight_hh (D,
@@ -405,9 +412,9 @@ class GRUSequence(Function):
         scaled_weight_ih = activations.scaled_transposed(weight_ih)
         scaled_weight_hh = activations.scaled_transposed(weight_hh)
         steps, batch = inputs.shape[1:3]
-        hiddens = xp.empty((directions, steps + 1, batch, size), dtype=x.dtype)
+        hiddens = _pool.take(x, (directions, steps + 1, batch, size), x.dtype)
         # h @ W_hn.T + b_hn of every step
-        hidden_candidates = xp.empty((directions, steps, batch, size), dtype=x.dtype)
+        hidden_candidates = _pool.take(x, (directions, steps, batch, size), x.dtype)
         hiddens[:, 0] = h0
 
         def run(part):
@@ -424,19 +431,19 @@ class GRUSequence(Function):
         _for_each_direction(x, directions, run, weight_hh[0].size * batch)
         self.batch_first, self.has_bias = batch_first, bias_ih is not None
         self.save_for_backward(inputs, gates, hiddens, hidden_candidates, weight_ih, weight_hh)
+        self.pooled = (inputs, gates, hiddens, hidden_candidates)
         return _to_layer_layout(hiddens[:, 1:], [hiddens[:, steps]], batch_first)
 
     def backward(self, grad):
         inputs, gates, hiddens, hidden_candidates, weight_ih, weight_hh = self.saved
-        xp = backend.array_module(gates)
         directions, steps = gates.shape[:2]
         upstream = _time_major_blocks(grad, directions, self.batch_first)
         grad_steps = _to_steps(upstream[:steps])
         grad_hidden = _final_state(upstream[steps])
         # The input and hidden projections share the r and z gradients; only n's differ
         # (the hidden part of n is scaled by r).
-        grad_input_gates = xp.empty_like(gates)
-        grad_hidden_gates = xp.empty_like(gates)
+        grad_input_gates = _pool.take(gates, gates.shape, gates.dtype)
+        grad_hidden_gates = _pool.take(gates, gates.shape, gates.dtype)
         gradients = _WeightGradients(inputs, weight_ih, weight_hh, self.needs_input_grad[0])
 
         def run(part):
@@ -453,8 +460,10 @@ class GRUSequence(Function):
             gradients.add(part, grad_input_gates[part], grad_hidden_gates[part], hiddens[part])
 
         _for_each_direction(gates, directions, run, weight_hh[0].size * gates.shape[2])
+        grad_x = gradients.layer_input(self.batch_first)
+        _pool.give(grad_steps, grad_input_gates, grad_hidden_gates, gradients.inputs_grad)
         return (
-            gradients.layer_input(self.batch_first),
+            grad_x,
             gradients.weight_ih,
             gradients.weight_hh,
             grad_hidden,
@@ -567,7 +576,7 @@ class _WeightGradients:
         self.weight_hh = xp.empty_like(weight_hh)
         self.bias_ih = xp.empty(weight_ih.shape[:2], dtype=weight_ih.dtype)
         self.bias_hh = xp.empty_like(self.bias_ih)
-        self.inputs_grad = xp.empty_like(inputs) if needs_input else None
+        self.inputs_grad = _pool.take(inputs, inputs.shape, inputs.dtype) if needs_input else None
 
     def add(self, part, grad_input_gates, grad_hidden_gates, hiddens) -> None:
         """Fill in ``part``'s gradients from its gates' gradients (those of the input and
@@ -582,8 +591,7 @@ class _WeightGradients:
         xp.matmul(xp.swapaxes(flat_input_gates, 1, 2), flat_inputs, out=self.weight_ih[part])
         xp.matmul(xp.swapaxes(flat_hidden_gates, 1, 2), previous_hiddens, out=self.weight_hh[part])
         flat_input_gates.sum(axis=1, out=self.bias_ih[part])
-        if grad_hidden_gates is not grad_input_gates:  # an LSTM's two biases share one sum
-            flat_hidden_gates.sum(axis=1, out=self.bias_hh[part])
+        flat_hidden_gates.sum(axis=1, out=self.bias_hh[part])
         if self.inputs_grad is not None:
             inputs_grad = self.inputs_grad[part].reshape(flat_inputs.shape)  # a view
             xp.matmul(flat_input_gates, self.weight_ih_value[part], out=inputs_grad)
@@ -628,9 +636,10 @@ def _time_major_blocks(array, directions: int, batch_first: bool):
 def _to_steps(time_major_blocks):
     """A new contiguous ``(D, T, N, K)`` array, each direction in its reading order (the
     reverse one back to front)."""
-    xp = backend.array_module(time_major_blocks)
     steps, batch, directions, size = time_major_blocks.shape
-    result = xp.empty((directions, steps, batch, size), dtype=time_major_blocks.dtype)
+    result = _pool.take(
+        time_major_blocks, (directions, steps, batch, size), time_major_blocks.dtype
+    )
     for direction in range(directions):
         source = time_major_blocks[:, :, direction]
         result[direction] = source[::-1] if direction else source
@@ -646,8 +655,7 @@ def _inputs_by_direction(x, directions: int, batch_first: bool):
 
 def _empty_gates(inputs, weight_ih):
     """An uninitialised ``(D, T, N, gates * H)`` array for the gates."""
-    xp = backend.array_module(inputs)
-    return xp.empty((*inputs.shape[:3], weight_ih.shape[1]), dtype=inputs.dtype)
+    return _pool.take(inputs, (*inputs.shape[:3], weight_ih.shape[1]), inputs.dtype)
 
 
 def _final_state(time_major_row):

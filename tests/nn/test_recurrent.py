@@ -411,10 +411,11 @@ def test_bidirectional_layer_is_the_same_with_one_loop_or_a_thread_per_direction
         np.testing.assert_allclose(one_loop, threaded, rtol=1e-12, atol=1e-14)
 
 
-def test_lstm_reusing_buffers_keeps_each_pending_backward_right():
-    # The LSTM reuses its large buffers once a backward has released them; two forward
+@pytest.mark.parametrize("layer_class", [nn.LSTM, nn.GRU])
+def test_reusing_buffers_keeps_each_pending_backward_right(layer_class):
+    # The layers reuse their large buffers once a backward has released them; two forward
     # passes whose backward is still to come must not share any.
-    layer = nn.LSTM(3, 4, bidirectional=True, dtype=F64)
+    layer = layer_class(3, 4, bidirectional=True, dtype=F64)
     inputs = [sequence(steps=5, batch=2, seed=seed) for seed in (0, 1)]
 
     def gradients(pending_together: bool) -> list:
