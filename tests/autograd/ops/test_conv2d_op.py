@@ -314,3 +314,24 @@ def test_convolution_with_rows_a_page_apart_matches_the_padded_rows(monkeypatch,
     monkeypatch.setattr(conv, "scratch_matrix", plain)
     for got, want in zip(padded, conv_results(ops.conv2d, arrays, padding=1), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_scratch_buffers_are_kept_per_thread_between_ops_and_rezeroed_on_request():
+    first = conv_tiles.scratch_array({}, "kept-test", (4, 8), np.float32)
+    first[...] = 7
+    # A later op (a new scratch dict) in the same thread gets the same memory back ...
+    again = conv_tiles.scratch_array({}, "kept-test", (2, 8), np.float32)
+    assert np.shares_memory(first, again)
+    # ... zeroed when it asks for zeros, though the last op left sevens there.
+    zeroed = conv_tiles.scratch_array({}, "kept-test", (4, 8), np.float32, zeroed=True)
+    assert np.shares_memory(first, zeroed) and not zeroed.any()
+    # Another thread has buffers of its own.
+    import threading
+
+    other = []
+    thread = threading.Thread(
+        target=lambda: other.append(conv_tiles.scratch_array({}, "kept-test", (4, 8), np.float32))
+    )
+    thread.start()
+    thread.join()
+    assert not np.shares_memory(first, other[0])
