@@ -147,7 +147,7 @@ class LSTMSequence(_PooledSequence):
     1, N)`` of one array that holds every step's input, hidden state and a row of ones
     (``_lstm_columns``). So a step is one GEMM that also does the input projection and the
     bias, each gate is a contiguous ``(H, N)`` block (row views of the bench's ``(32, 512)``
-    gates took 3-4x as long per operation), and the weights' gradients are one GEMM over all
+    gates took 4-6x as long per operation), and the weights' gradients are one GEMM over all
     steps, ``dW = dgates @ columns.T``, the bias's being the column of ones. Gates are kept
     in the order ``[g, i, f, o]`` (PyTorch's rows permuted): the sigmoid gates are one block
     and the cell's three inputs another, which saves operations per step.
@@ -327,10 +327,13 @@ def _lstm_steps(columns, scaled_weights, gates, cells, tanh_cells, features: int
     size = gate_width // 4
     hiddens = columns[:, features : features + size]
     product = xp.empty((directions, size, batch), dtype=gates.dtype)
+    # The GEMM writes to a contiguous array (a step of two directions is not one, and CuPy's
+    # matmul is safest with a contiguous output); the tanh then moves it into place.
+    pre_activation = xp.empty((directions, gate_width, batch), dtype=gates.dtype)
     for t in range(steps):
         step = gates[:, t]
-        xp.matmul(scaled_weights, columns[:, :, t], out=step)
-        xp.tanh(step, out=step)
+        xp.matmul(scaled_weights, columns[:, :, t], out=pre_activation)
+        xp.tanh(pre_activation, out=step)
         sigmoid_gates = step[:, size:]
         sigmoid_gates *= 0.5
         sigmoid_gates += 0.5
