@@ -161,8 +161,8 @@ def _check_inputs(tensors, op_name: str) -> None:
     """Raise when the inputs are on different devices or mix float dtypes.
 
     Host arrays are checked in one pass over the dtypes' kinds: the general checks below
-    ask the backend for each input's device and ``np.issubdtype`` for each dtype, ~6 us an
-    op, a tenth of NCF's whole forward pass.
+    ask the backend for each input's device and ``np.issubdtype`` for each dtype, 3.0 us
+    for two host inputs against 0.3 us here (timeit), and every op pays it.
     """
     float_dtype = None
     for tensor in tensors:
