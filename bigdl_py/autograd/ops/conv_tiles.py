@@ -49,10 +49,13 @@ MIN_SPLIT_BYTES = 1 << 20
 # Fewest columns (output positions) a tile's GEMMs get, whatever that costs in buffer size.
 MIN_COLUMNS = 1024
 # Fewest multiply-adds of a convolution whose tiles are shared among threads; smaller ones
-# (LeNet-5's, 5-15M at batch 64-128) run their tiles on the calling thread. With another
+# (LeNet-5's at batch 64, 5.5M and 7.4M) run their tiles on the calling thread. With another
 # process on the second core (load 4 on the 2-core machine) LeNet-5's step at batch 64 took
-# 9.3-10.7 ms at two threads with them shared, 7.3-7.6 ms at one thread.
-MIN_THREADED_MULTIPLY_ADDS = 1 << 24
+# 9.3-10.7 ms at two threads with them shared, 7.3-7.6 ms at one thread. At batch 128 (11M
+# and 15M) sharing them won once each tile's buffers were kept between ops (before, tiles of
+# 32 samples page-faulted): step 10.6 -> 8.9 and 10.2 -> 8.9 ms at two threads, medians of
+# 90 alternated in one process, load 2; it still lost at load 4-5 (9.8 -> 10.5).
+MIN_THREADED_MULTIPLY_ADDS = 1 << 23
 
 _state_lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
