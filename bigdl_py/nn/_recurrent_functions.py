@@ -612,10 +612,14 @@ def _summed_input_gradient(inputs_grad, batch_first: bool):
     None): the parts summed, back in time order and the layer's layout."""
     if inputs_grad is None:
         return None
-    grad_x = _to_layer_layout(inputs_grad[:1], [], batch_first)
-    if inputs_grad.shape[0] == 2:
-        target = _time_major_blocks(grad_x, 1, batch_first)[:, :, 0]
-        target += inputs_grad[1, ::-1]
+    if inputs_grad.shape[0] == 1:
+        return _to_layer_layout(inputs_grad, [], batch_first)
+    xp = backend.array_module(inputs_grad)
+    _, steps, batch, features = inputs_grad.shape
+    grad_x = _empty_layer_layout(xp, 1, steps, batch, features, inputs_grad.dtype, batch_first)
+    # One pass writing the sum into the layout, rather than a copy and an addition.
+    target = _time_major_blocks(grad_x, 1, batch_first)[:, :, 0]  # (T, N, F), a view
+    xp.add(inputs_grad[0], inputs_grad[1, ::-1], out=target)
     return grad_x
 
 
