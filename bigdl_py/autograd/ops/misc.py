@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import threading
 
 import numpy as np
 
@@ -11,19 +12,32 @@ from bigdl_py.autograd.engine import RowGradient
 from bigdl_py.autograd.function import Function
 
 # Dropout draws from this generator when the caller passes none; ``manual_seed`` resets it.
+# A thread that called ``manual_seed`` itself draws from its own: Spark's one-task mode
+# trains a replica per thread, each reseeded with its partition's stream, and one shared
+# generator would hand them each other's draws in whatever order the threads ran.
 _default_generator = np.random.default_rng()
+_thread_generators = threading.local()
 
 
 def manual_seed(seed: int) -> None:
-    """Reseed the generator that ``dropout`` uses when it is given no ``rng``.
+    """Reseed the generator that ``dropout`` uses when it is given no ``rng``: the process's
+    (from the main thread) or, from another thread, that thread's own from now on.
 
     On CUDA arrays without an ``rng``, dropout draws on the device from CuPy's global
     generator, which this seeds too when CuPy is in use.
     """
     global _default_generator
-    _default_generator = np.random.default_rng(seed)
+    generator = np.random.default_rng(seed)
+    if threading.current_thread() is threading.main_thread():
+        _default_generator = generator
+    _thread_generators.generator = generator
     if backend.cuda_available():
         backend.cupy_module().random.seed(seed)
+
+
+def default_generator() -> np.random.Generator:
+    """The generator dropout uses without an ``rng`` in this thread (see ``manual_seed``)."""
+    return getattr(_thread_generators, "generator", None) or _default_generator
 
 
 def _uniform(shape, like, rng):
@@ -35,7 +49,7 @@ def _uniform(shape, like, rng):
     draw_dtype = np.float32
     if rng is None and backend.is_cupy_array(like):
         return backend.array_module(like).random.random(shape, dtype=draw_dtype)
-    generator = _default_generator if rng is None else rng
+    generator = default_generator() if rng is None else rng
     if not isinstance(generator, np.random.Generator):
         raise TypeError(
             f"dropout: rng must be a numpy.random.Generator or None, got {type(generator)!r}"
@@ -58,7 +72,7 @@ def _keep_mask(shape, p: float, like, rng):
     Otherwise ``_uniform(...) >= p``. Either way the mask depends on the generator only, not
     on the dtype of ``like``.
     """
-    generator = _default_generator if rng is None else rng
+    generator = default_generator() if rng is None else rng
     raw_bits = (
         not (rng is None and backend.is_cupy_array(like))
         and isinstance(generator, np.random.Generator)

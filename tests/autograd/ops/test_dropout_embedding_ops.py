@@ -43,6 +43,30 @@ def test_dropout_default_generator_follows_manual_seed():
     np.testing.assert_array_equal(ops.dropout(x, 0.5).numpy(), first)
 
 
+def test_a_thread_that_seeds_dropout_draws_its_own_stream():
+    """Spark's one-task mode reseeds a replica per thread: each thread's masks must follow
+    its own seed whatever the others draw meanwhile, and the main thread's stay its own."""
+    import threading
+
+    x = Tensor(np.ones(1000))
+    ops.manual_seed(3)
+    expected_main = ops.dropout(x, 0.5).numpy()
+    ops.manual_seed(5)
+    expected_thread = ops.dropout(x, 0.5).numpy()
+    ops.manual_seed(3)
+    drawn = {}
+
+    def in_thread():
+        ops.manual_seed(5)
+        drawn["before"] = ops.dropout(x, 0.5).numpy()
+
+    thread = threading.Thread(target=in_thread)
+    thread.start()
+    thread.join()
+    np.testing.assert_array_equal(drawn["before"], expected_thread)
+    np.testing.assert_array_equal(ops.dropout(x, 0.5).numpy(), expected_main)
+
+
 @pytest.mark.parametrize("p", [-0.1, 1.5])
 def test_dropout_rejects_a_bad_probability(p):
     with pytest.raises(ValueError, match=f"dropout: p must be in \\[0, 1\\], got {p}"):
