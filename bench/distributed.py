@@ -32,7 +32,7 @@ per iteration less forward-backward and update: Spark's stages, shuffles and Pyt
 hand-offs) and ``driver`` (the loop and building the job's RDDs, per iteration). The same
 model's LocalOptimizer samples/s in this process is printed beside it. ``cnn`` does the
 same for bench/engine.py's CIFAR CNN on random 3x32x32 images. A mode is
-``UPDATE[:ITERATIONS_PER_JOB]``: ``sharded``, ``replicated``, ``one-replica``, ``auto`` or
+``UPDATE[:ITERATIONS_PER_JOB]``: ``sharded``, ``replicated``, ``one-task``, ``auto`` or
 ``local-sgd-K`` (``LocalSGD(period=K)``); without a count, DistriOptimizer's default (auto's
 own pick for ``auto``). Warm-up and measured iterations are rounded up to whole jobs and
 LocalSGD rounds.
@@ -129,12 +129,15 @@ def bench_optimizer(
     )
 
 
-def timed_iterations(optimizer):
-    """Wrap the runner so each call's wall time, iteration count and breakdown are kept."""
+def timed_iterations(optimizer, split_at: int | None = None):
+    """Wrap the runner so each call's wall time, iteration count and breakdown are kept.
+    A call that would run iteration ``split_at`` (0-based) and ones before it runs as two
+    jobs, so that a warm-up of ``split_at`` iterations ends a job even in modes whose jobs
+    run 64 iterations or more (one-task)."""
     records = []
     run_iterations = optimizer.runner.run_iterations
 
-    def recorded(steps, stop_after_nonfinite):
+    def timed(steps, stop_after_nonfinite):
         started = time.perf_counter()
         results = run_iterations(steps, stop_after_nonfinite)
         records.append(
@@ -142,13 +145,22 @@ def timed_iterations(optimizer):
         )
         return results
 
+    def recorded(steps, stop_after_nonfinite):
+        first = steps[0].iteration
+        if split_at is None or not first < split_at < first + len(steps):
+            return timed(steps, stop_after_nonfinite)
+        before = timed(steps[: split_at - first], stop_after_nonfinite)
+        if len(before) < split_at - first:
+            return before
+        return before + timed(steps[split_at - first :], stop_after_nonfinite)
+
     optimizer.runner.run_iterations = recorded
     return records
 
 
-def run_timed(optimizer) -> list:
+def run_timed(optimizer, split_at: int | None = None) -> list:
     """Run ``optimizer`` to its end (and release it): the records of ``timed_iterations``."""
-    records = timed_iterations(optimizer)
+    records = timed_iterations(optimizer, split_at)
     with optimizer:
         optimizer.optimize()
     return records
@@ -354,7 +366,7 @@ def _measure_mode(
         per_job,
         criterion,
     )
-    records = run_timed(optimizer)
+    records = run_timed(optimizer, split_at=warm)
     runner = optimizer.runner
     return {**summarise(records, warm), "ran": f"{runner.mode.name}:{runner.iterations_per_call}"}
 
@@ -426,8 +438,8 @@ def bench_all(
     spark.stop()
 
 
-RESNET_MODES = ["sharded:1", "replicated:1", "one-replica", "auto", "local-sgd-4:4"]
-EXACT_UPDATES = ("sharded", "replicated", "one-replica")
+RESNET_MODES = ["sharded:1", "replicated:1", "one-task", "auto", "local-sgd-4:4"]
+EXACT_UPDATES = ("sharded", "replicated", "one-task")
 OUTSIDE_COMPUTE_BAR = 0.25  # issue 14: an exact mode's share outside forward-backward + update
 
 
@@ -693,7 +705,7 @@ def main(argv=None):
         nargs="+",
         default=[parse_mode(mode) for mode in RESNET_MODES],
         metavar="UPDATE[:ITERATIONS_PER_JOB]",
-        help="sharded, replicated, one-replica, auto or local-sgd-K (LocalSGD(period=K))",
+        help="sharded, replicated, one-task, auto or local-sgd-K (LocalSGD(period=K))",
     )
     resnet.add_argument("--rounds", type=int, default=1, help="measurements of each mode")
     resnet.add_argument(

@@ -76,11 +76,12 @@ def parse_arguments(argv=None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--update",
-        choices=("auto", "sharded", "replicated", "local-sgd", "one-replica"),
+        choices=("auto", "sharded", "replicated", "local-sgd", "one-task"),
         default="auto",
-        help="auto (default): one-replica in local mode; on a cluster replicated with 16 "
-        "iterations per job for small models, else sharded (docs/deploy.md); one-replica: "
-        "one replica trains every global batch, 64 or more iterations per Spark job; sharded: "
+        help="auto (default): one-task in local mode; on a cluster replicated with 16 "
+        "iterations per job for small models, else sharded (docs/deploy.md); one-task: "
+        "the partitions train on threads of one Spark task, 64 or more iterations per job; "
+        "sharded: "
         "BigDL's AllReduce, each partition steps its slice (two stages per iteration); "
         "replicated: every partition steps the whole vector "
         "(one stage per iteration); local-sgd: each partition trains its own replica for "

@@ -357,7 +357,7 @@ class DistriOptimizer(BaseOptimizer):
         Where the executors share no disk, each job's last update also returns the optimizer
         state, which the driver ships to the next job's first update (a task on another host
         finds no state file): the state's bytes cross the network once per job.
-    update : {"auto", "sharded", "replicated", "local-sgd", "one-replica"} or a mode object
+    update : {"auto", "sharded", "replicated", "local-sgd", "one-task"} or a mode object
         How the partitions' gradients become new weights (one file per mode in
         :mod:`bigdl_py.spark.modes`). ``"sharded"`` (BigDL's AllReduce): partition ``j``
         receives slice ``j`` of every gradient, steps that slice with the optimizer state
@@ -365,16 +365,16 @@ class DistriOptimizer(BaseOptimizer):
         iteration. ``"replicated"`` (PyTorch DDP's way): every partition receives every
         whole gradient and steps the whole vector with its own copy of the optimizer state
         — one stage per iteration, N times the shuffle bytes and the optimizer state. Both
-        give the same weights; checkpoints have the same layout. ``"one-replica"``: the same
-        exact SGD by ONE replica that trains every global batch, a job of 64 or more
-        iterations being one task that reads every partition's data (executors sharing a
-        disk only). ``"auto"`` (the default) picks one-replica in local mode (``local[n]``:
-        one machine, where a stage per iteration buys no parallelism that threads do not);
-        elsewhere one of sharded and replicated and the iterations per job; it logs its
-        choice once at the start (logger ``bigdl_py.spark``): **replicated with 16
-        iterations per job while N x parameter bytes <= 16 MB, else sharded with 1** — 1
-        per job in both where the
-        executors do not share a disk, and a given ``iterations_per_job`` is kept. The
+        give the same weights; checkpoints have the same layout. ``"one-task"``: the
+        replicated update's arithmetic in ONE Spark task per job of 64 or more iterations,
+        which reads every partition's data and trains the shares on threads, a replica per
+        thread (executors sharing a disk only). ``"auto"`` (the default) picks one-task
+        in local mode (``local[n]``: one machine, where a stage per iteration buys no
+        parallelism that threads do not); elsewhere one of sharded and replicated and the
+        iterations per job; it logs its choice once at the start (logger
+        ``bigdl_py.spark``): **replicated with 16 iterations per job while N x parameter
+        bytes <= 16 MB, else sharded with 1** — 1 per job in both where the executors do
+        not share a disk, and a given ``iterations_per_job`` is kept. The
         rule comes from bench/RESULTS.md (LeNet-5, 89 KB: replicated 1.6-1.8x faster at
         batch 128; the CIFAR CNN, 4.5 MB: the two within noise; the shuffle's cost grows
         past 16 MB per receiver); :mod:`bigdl_py.spark.modes.auto` gives the numbers.

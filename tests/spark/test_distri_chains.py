@@ -57,7 +57,7 @@ def record_calls(optimizer):
     return calls, validated
 
 
-@pytest.mark.parametrize("update", ["sharded", "replicated", "one-replica"])
+@pytest.mark.parametrize("update", ["sharded", "replicated", "one-task"])
 @pytest.mark.parametrize(
     "partitions, method, clip", [(3, "adam", False), (2, "sgd", True), (1, "sgd", False)]
 )
@@ -159,7 +159,7 @@ def diverging_run(update, iterations_per_job, skip=False):
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
-@pytest.mark.parametrize("update", ["sharded", "replicated", "one-replica"])
+@pytest.mark.parametrize("update", ["sharded", "replicated", "one-task"])
 def test_nonfinite_loss_inside_a_chain_stops_at_that_batch(spark, update):
     weights = {}
     for iterations_per_job in (1, 8):
@@ -173,7 +173,7 @@ def test_nonfinite_loss_inside_a_chain_stops_at_that_batch(spark, update):
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
-@pytest.mark.parametrize("update", ["sharded", "replicated", "one-replica"])
+@pytest.mark.parametrize("update", ["sharded", "replicated", "one-task"])
 def test_skipped_nonfinite_batches_inside_a_chain(spark, update):
     with diverging_run(update, 1, skip=True) as one_by_one:
         expected = flat(one_by_one.optimize())
@@ -198,8 +198,8 @@ def test_a_loss_reading_trigger_runs_one_iteration_per_job(spark):
     [
         ("sharded", "replicated"),
         ("replicated", "sharded"),
-        ("one-replica", "sharded"),
-        ("replicated", "one-replica"),
+        ("one-task", "sharded"),
+        ("replicated", "one-task"),
     ],
 )
 def test_checkpoints_resume_across_update_modes(spark, tmp_path, first, then):

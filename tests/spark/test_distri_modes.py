@@ -102,15 +102,15 @@ def test_auto_picks_replicated_for_small_models_and_sharded_for_large_ones():
     assert choose_mode(5 << 20, 4, True, False).update == "sharded"
 
 
-def test_auto_picks_one_replica_in_local_mode_whatever_the_model():
+def test_auto_picks_one_task_in_local_mode_whatever_the_model():
     for parameter_bytes in (89_000, 64 << 20):
         choice = choose_mode(parameter_bytes, 2, True, False, local_mode=True)
-        assert (choice.update, choice.iterations_per_job) == ("one-replica", 64)
-    assert choose_mode(89_000, 2, True, True, local_mode=True).update == "one-replica"
+        assert (choice.update, choice.iterations_per_job) == ("one-task", 64)
+    assert choose_mode(89_000, 2, True, True, local_mode=True).update == "one-task"
     assert choose_mode(89_000, 2, True, False, 100, local_mode=True).iterations_per_job == 100
     assert choose_mode(89_000, 2, True, False, local_mode=True).reason == (
-        "update: one-replica, 64 iterations per job: local mode, 2 partitions on one machine "
-        "train as one replica (0.09 MB of parameters)"
+        "update: one-task, 64 iterations per job: local mode, 2 partitions on one machine "
+        "train in one task (0.09 MB of parameters)"
     )
 
 
@@ -134,7 +134,7 @@ def double_classifier():
         ("sharded", 1, True),
         ("sharded", 4, False),
         ("replicated", 4, True),
-        ("one-replica", 4, True),
+        ("one-task", 4, True),
     ],
 )
 def test_float64_models_train_in_every_mode_as_locally(spark, update, per_job, clip):
@@ -182,20 +182,20 @@ def test_auto_is_the_default_and_logs_its_choice_once(spark, caplog):
     with caplog.at_level(logging.INFO, logger="bigdl_py.spark"):
         with blob_optimizer(Adam(lr=0.01), end_trigger=MaxIteration(3), num_partitions=2) as run:
             run.optimize()
-            assert run.runner.mode.name == "one-replica"  # the tests' session is local[2]
+            assert run.runner.mode.name == "one-task"  # the tests' session is local[2]
     choices = [r.getMessage() for r in caplog.records if r.getMessage().startswith("update:")]
     assert choices == [
-        "update: one-replica, 64 iterations per job: local mode, 2 partitions on one machine "
-        "train as one replica (0.00 MB of parameters)"
+        "update: one-task, 64 iterations per job: local mode, 2 partitions on one machine "
+        "train in one task (0.00 MB of parameters)"
     ]
 
 
 @pytest.mark.spark
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_one_replica_trains_the_global_batches_of_the_exact_modes(spark, dtype):
-    """One task per job trains partition 0's share first, then 1's...: LocalOptimizer over
-    the planned batches exactly, the replicated update's weights to float rounding, and one
-    Spark job per chain (10 iterations: an epoch of 7 batches, then 3)."""
+def test_one_task_trains_the_global_batches_of_the_exact_modes(spark, dtype):
+    """One task per job trains the 3 partitions' shares on 2 threads (partitions 0-1, then
+    2): LocalOptimizer over the planned batches and the replicated update's weights to float
+    rounding, and one Spark job per chain (10 iterations: an epoch of 7 batches, then 3)."""
     features, labels = blobs()
     features = features.astype(dtype)
 
@@ -214,7 +214,7 @@ def test_one_replica_trains_the_global_batches_of_the_exact_modes(spark, dtype):
         with optimizer:
             return flat(optimizer.optimize()), optimizer, jobs
 
-    one, optimizer, jobs = run("one-replica")
+    one, optimizer, jobs = run("one-task")
     local = LocalOptimizer(
         classifier().to(dtype=dtype),
         optimizer.local_reference_dataset(features, labels),
@@ -224,25 +224,49 @@ def test_one_replica_trains_the_global_batches_of_the_exact_modes(spark, dtype):
         end_trigger=MaxIteration(10),
         progress=False,
     )
-    np.testing.assert_array_equal(one, flat(local.optimize()))
+    tolerance = 1e-6 if dtype == np.float32 else 1e-12
+    assert relative_error(one, flat(local.optimize())) <= tolerance
     replicated, _, _ = run("replicated")
-    assert relative_error(one, replicated) <= (1e-6 if dtype == np.float32 else 1e-12)
+    assert relative_error(one, replicated) <= tolerance
     assert relative_error(one, flat(classifier())) > 1e-2
     assert jobs == [7, 3]  # an epoch's end ends a job; nothing else does
 
 
 @pytest.mark.spark
-def test_one_replica_needs_executors_that_share_a_disk():
-    from bigdl_py.spark.modes.one_replica import OneReplica
+def test_one_task_draws_each_partitions_dropout_stream_on_its_thread(spark):
+    """Two partitions on two threads: each replica draws partition j's dropout masks (its
+    own generator in its own thread), so the weights are the replicated update's."""
+    features, labels = blobs()
+
+    def dropout_classifier():
+        with nn.init.seeded(1):
+            return nn.Sequential(
+                nn.Linear(10, 16), nn.Tanh(), nn.Dropout(0.3), nn.Linear(16, 3), nn.LogSoftmax()
+            )
+
+    def run(update):
+        with DistriOptimizer_(
+            dropout_classifier(), (features, labels), SGD(lr=0.1), update=update, num_partitions=2
+        ) as optimizer:
+            return flat(optimizer.optimize())
+
+    one_task, replicated = run("one-task"), run("replicated")
+    assert relative_error(one_task, replicated) <= 1e-6
+    assert relative_error(one_task, flat(dropout_classifier())) > 1e-2
+
+
+@pytest.mark.spark
+def test_one_task_needs_executors_that_share_a_disk():
+    from bigdl_py.spark.modes.one_task import OneTask
     from bigdl_py.spark.replica import RunSpec
 
     spec = RunSpec("run", None, None, None, 2, 10, 8, None, carry_state=True)
-    with pytest.raises(ValueError, match="one-replica.*share a disk"):
-        OneReplica().iterations_per_call(8, spec)
+    with pytest.raises(ValueError, match="one-task.*share a disk"):
+        OneTask().iterations_per_call(8, spec)
 
 
 def test_partitions_in_order_gathers_rows_across_partitions():
-    from bigdl_py.spark.modes.one_replica import PartitionsInOrder
+    from bigdl_py.spark.modes.one_task import PartitionsInOrder
 
     parts = [np.arange(6).reshape(3, 2), np.arange(6, 10).reshape(2, 2)]
     joined = PartitionsInOrder(parts)

@@ -80,7 +80,7 @@ def test_clipping_changes_the_result(spark):
     assert relative_error(clipped, free) > 1e-3
 
 
-@pytest.mark.parametrize("update", ["sharded", "replicated", "one-replica"])
+@pytest.mark.parametrize("update", ["sharded", "replicated", "one-task"])
 def test_gradient_accumulation_equals_one_big_batch(spark, update):
     _, accumulated, local = train_both(
         2, "adam", False, iterations=8, gradient_accumulation=3, update=update

@@ -24,7 +24,7 @@ _MODULES = {
     "sharded": "bigdl_py.spark.modes.sharded:Sharded",
     "replicated": "bigdl_py.spark.modes.replicated:Replicated",
     "local-sgd": "bigdl_py.spark.modes.local_sgd:LocalSGD",
-    "one-replica": "bigdl_py.spark.modes.one_replica:OneReplica",
+    "one-task": "bigdl_py.spark.modes.one_task:OneTask",
 }
 
 

@@ -1,11 +1,11 @@
 """``update="auto"`` (the default): pick the exact mode and the iterations per job.
 
-* **Local mode: one replica.** Where Spark runs in one process (``local[n]``), every
-  partition is on one machine, and splitting the batch among replicas buys nothing that
-  threads inside one replica do not — while it costs a Spark stage per iteration. So auto
-  picks ``one-replica`` (:mod:`bigdl_py.spark.modes.one_replica`: the same exact SGD on the
-  same global batches, one task per job of at least 64 iterations, with a thread per task
-  slot). Measured on the bench machine (2 cores, ``local[2]``, bench/RESULTS.md
+* **Local mode: one task.** Where Spark runs in one process (``local[n]``), every
+  partition is on one machine, and a Spark stage per iteration buys no parallelism that
+  threads inside one task do not. So auto picks ``one-task``
+  (:mod:`bigdl_py.spark.modes.one_task`: the same exact SGD on the same global batches,
+  one task per job of at least 64 iterations, the partitions' shares trained on a thread
+  per task slot). Measured on the bench machine (2 cores, ``local[2]``, bench/RESULTS.md
   2026-11-25): one process trained LeNet-5 at 10,669 samples/s and the CIFAR CNN at 602,
   against 1,715 and 421 for the faster exact mode on two partitions. ``local-cluster`` and
   real clusters get the data-parallel rule below.
@@ -78,22 +78,22 @@ def choose_mode(
     iterations_per_job : int, optional
         The caller's choice, kept when given.
     local_mode : bool
-        Whether Spark runs in one process (``local[n]``): then one replica trains.
+        Whether Spark runs in one process (``local[n]``): then one task trains.
 
     Returns
     -------
     AutoChoice
     """
     if local_mode:
-        from bigdl_py.spark.modes.one_replica import MIN_ITERATIONS_PER_JOB
+        from bigdl_py.spark.modes.one_task import MIN_ITERATIONS_PER_JOB
 
         per_job = max(iterations_per_job or 1, MIN_ITERATIONS_PER_JOB)
         reason = (
-            f"update: one-replica, {per_job} iterations per job: local mode, "
-            f"{num_partitions} partitions on one machine train as one replica "
+            f"update: one-task, {per_job} iterations per job: local mode, "
+            f"{num_partitions} partitions on one machine train in one task "
             f"({parameter_bytes / 1e6:.2f} MB of parameters)"
         )
-        return AutoChoice("one-replica", per_job, reason)
+        return AutoChoice("one-task", per_job, reason)
     received = parameter_bytes * num_partitions
     replicated = received <= REPLICATED_MAX_RECEIVED_BYTES
     update = "replicated" if replicated else "sharded"

@@ -1,18 +1,17 @@
-"""``update="one-replica"``: one replica trains every global batch, in one task per job.
+"""``update="one-task"``: every partition's share of a global batch trains in ONE Spark task.
 
-Where every partition lies on one machine (Spark's local mode), data parallelism buys
-nothing that threads inside one process do not, and it costs a Spark stage per iteration
-(about 35-45 ms on the bench machine; the exact modes cannot chain iterations without one).
-This mode runs the same exact synchronous SGD with ONE model replica: a job is a single task
-that reads every partition's cached data (``coalesce(1)``, no shuffle), and for each of its
-iterations trains the whole global batch — partition 0's share first, as the batch plan
-lists it (``PartitionedBatchPlan.global_indices``) — then steps the whole vector with the
-whole optimizer state. So it computes what a ``LocalOptimizer`` over
-``DistriOptimizer.local_reference_dataset`` computes, as the exact modes do, and the same
-weights as they do to float rounding wherever the model has no batch statistics (BatchNorm
-normalises over the whole batch here, over each partition's share there) and no dropout
-(the random streams are partition 0's). The task uses as many BLAS/tile threads as the run
-has partitions (at most the machine's cores): the other task slots sit idle meanwhile.
+Where every partition lies on one machine (Spark's local mode), a Spark stage per iteration
+(35-45 ms on the bench machine; the exact modes cannot chain iterations without one) buys
+nothing that threads inside one process do not. This mode runs the same exact synchronous
+SGD in a single task per job: the task reads every partition's cached data (``coalesce(1)``,
+no shuffle) and, for each iteration, trains the partitions' shares of the global batch on
+``R`` threads, one model replica per thread (``R`` = the run's partitions, at most the
+machine's cores; NumPy releases the GIL in its GEMMs and array loops), adds their gradients
+in partition order and steps the whole vector with the whole optimizer state. With ``R``
+equal to the partitions it is the replicated update's arithmetic without the shuffle: each
+replica normalises its own share (BatchNorm), draws partition ``j``'s dropout stream, and
+partition 0's replica keeps the run's running statistics. With fewer threads a replica
+trains several neighbouring shares at once; with one, the whole batch.
 
 Measured on the bench machine (``bench/RESULTS.md``): LocalOptimizer in one process trained
 LeNet-5 at 10,669 samples/s and the CIFAR CNN at 602, against 1,715 and 421 for the faster
@@ -29,13 +28,15 @@ others.
 from __future__ import annotations
 
 import os
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 from bigdl_py import backend
-from bigdl_py.optim.sharding import concatenate_state_dicts, split_state_dict
-from bigdl_py.spark import owner_update, worker
+from bigdl_py.optim.sharding import all_slice_bounds, concatenate_state_dicts, split_state_dict
+from bigdl_py.spark import collectives, owner_update, worker
 from bigdl_py.spark.modes import TrainingMode
 from bigdl_py.spark.partitioned_data import drain, load_partition_data
 from bigdl_py.spark.replica import Replica, forward_backward
@@ -45,17 +46,17 @@ from bigdl_py.spark.replica import Replica, forward_backward
 MIN_ITERATIONS_PER_JOB = 64
 
 
-class OneReplica(TrainingMode):
-    """Exact synchronous SGD by one replica over all partitions' data (see the module)."""
+class OneTask(TrainingMode):
+    """Exact synchronous SGD in one task per job, a replica per thread (see the module)."""
 
-    name = "one-replica"
-    state_name = "one-replica"
+    name = "one-task"
+    state_name = "one-task"
 
     # --- the driver's side ------------------------------------------------------------
     def iterations_per_call(self, requested: int, spec) -> int:
         if spec is not None and spec.carry_state:
             raise ValueError(
-                "update='one-replica' needs executors that share a disk (local mode, one "
+                "update='one-task' needs executors that share a disk (local mode, one "
                 "host, or BIGDL_PY_STATE_DIR on a shared file system): its single task reads "
                 "every partition's data files. Use update='auto', 'sharded' or 'replicated'"
             )
@@ -66,7 +67,7 @@ class OneReplica(TrainingMode):
         return chain.data_rdd.coalesce(1).mapPartitions(_train_chain(chain))
 
     def state_owner(self, partition: int) -> int:
-        return 0  # the one replica's task keeps the whole state
+        return 0  # the one task keeps the whole state
 
     def initial_state(self, shards, partition, flat_size):
         return concatenate_state_dicts(shards) if len(shards) > 1 else dict(shards[0])
@@ -100,16 +101,44 @@ class PartitionsInOrder:
         return rows
 
 
-def _replica_over_all_partitions(spec, handles: list[dict]) -> Replica:
-    """A replica whose data is every partition's, in partition order."""
-    replica = Replica(spec, handles[0])
+def _replicas(spec, handles: list[dict], groups: list[tuple[int, int]]) -> list[Replica]:
+    """One replica per group of partitions, all reading every partition's data in order;
+    replica ``r`` draws the random streams of its group's first partition."""
     parts = [load_partition_data(handle) for handle in handles]
-    replica.features = tuple(
-        PartitionsInOrder([features[index] for features, _ in parts])
+    features = tuple(
+        PartitionsInOrder([arrays[index] for arrays, _ in parts])
         for index in range(len(parts[0][0]))
     )
-    replica.labels = PartitionsInOrder([labels for _, labels in parts])
+    labels = PartitionsInOrder([labels for _, labels in parts])
+    replicas = []
+    for first_partition, _ in groups:
+        replica = worker.fetch(
+            spec.run_id,
+            ("one-task", first_partition, len(groups)),
+            lambda first=first_partition: _replica_reading(spec, handles[first], features, labels),
+        )
+        replicas.append(replica)
+    return replicas
+
+
+def _replica_reading(spec, handle: dict, features: tuple, labels) -> Replica:
+    replica = Replica(spec, handle)  # partition = the handle's: its dropout stream
+    replica.features, replica.labels = features, labels
     return replica
+
+
+_pool_lock = threading.Lock()
+_pool: tuple[tuple[int, int], ThreadPoolExecutor] | None = None
+
+
+def _thread_pool(threads: int) -> ThreadPoolExecutor:
+    """This worker's pool of ``threads`` threads (a forked worker makes its own)."""
+    global _pool
+    key = (os.getpid(), threads)
+    with _pool_lock:
+        if _pool is None or _pool[0] != key:
+            _pool = (key, ThreadPoolExecutor(threads, thread_name_prefix="bigdl_py-replica"))
+        return _pool[1]
 
 
 def _train_chain(chain):
@@ -121,18 +150,18 @@ def _train_chain(chain):
     shares, schedules = chain.shares, chain.schedules
     stop_after_nonfinite, retain_from = chain.stop_after_nonfinite, chain.retain_from
     threads = max(1, min(num_partitions, os.cpu_count() or 1))
+    groups = all_slice_bounds(num_partitions, threads)  # partitions [a, b) per thread
 
     def task(rows):
         entered = time.time()
         spec = load_spec()
         handles = sorted(drain(rows), key=lambda handle: handle["partition"])
         offsets = np.cumsum([0] + [int(handle["size"]) for handle in handles])
-        with backend.blas_threads(threads):
-            replica = worker.fetch(
-                spec.run_id, ("one-replica",), lambda: _replica_over_all_partitions(spec, handles)
-            )
+        # Each replica's ops run on its own thread: BLAS (and the convolutions' tiles) get one.
+        with backend.blas_threads(1):
+            replicas = _replicas(spec, handles, groups)
             if driver_buffers:
-                replica.load_buffers(driver_buffers)
+                replicas[0].load_buffers(driver_buffers)
             method = owner_update.owned_shard(spec, 0, first, resumed_states)
             weights = get_weights()
             halted, history, frozen = False, [], get_frozen()
@@ -140,19 +169,34 @@ def _train_chain(chain):
                 iteration = first + step
                 if halted:  # stopped by a non-finite loss: nothing changes any more
                     continue
-                indices = np.concatenate(
-                    [offsets[j] + np.asarray(share[j], dtype=np.int64) for j in range(len(share))]
-                )
+                pieces = [
+                    np.concatenate(
+                        [offsets[j] + np.asarray(share[j], dtype=np.int64) for j in range(a, b)]
+                    )
+                    for a, b in groups
+                ]
+
+                def train_piece(index, weights=weights, pieces=pieces, iteration=iteration):
+                    gradient, loss_sum, samples = forward_backward(
+                        replicas[index],
+                        weights,
+                        pieces[index],
+                        spec.batch_size,
+                        iteration,
+                        spec.gradient_accumulation,
+                        frozen,
+                    )
+                    return np.array(gradient), loss_sum, samples
+
                 started = time.perf_counter()
-                gradient, loss_sum, samples = forward_backward(
-                    replica,
-                    weights,
-                    indices,
-                    spec.batch_size,
-                    iteration,
-                    spec.gradient_accumulation,
-                    frozen,
-                )
+                if len(groups) == 1:
+                    results = [train_piece(0)]
+                else:
+                    results = list(_thread_pool(len(groups)).map(train_piece, range(len(groups))))
+                # In partition order, as the exact modes add the partitions' gradients.
+                gradient = collectives.combine([result[0] for result in results], "sum")
+                loss_sum = float(sum(result[1] for result in results))
+                samples = int(sum(result[2] for result in results))
                 update_started = time.perf_counter()
                 schedule = schedules[step]
                 owner_update.clip_summed_slice(spec, gradient)
@@ -166,8 +210,8 @@ def _train_chain(chain):
                     halted = stop_after_nonfinite
                 history.append(
                     {
-                        "loss_sum": float(loss_sum),
-                        "count": int(samples),
+                        "loss_sum": loss_sum,
+                        "count": samples,
                         "forward_backward": update_started - started,
                         "update": time.perf_counter() - update_started,
                     }
@@ -176,7 +220,7 @@ def _train_chain(chain):
             # iteration, whose file stays (``retain_from``) until the next job ends.
             last = first + len(history) - 1  # the driver counts the iterations that ran
             owner_update.keep_shard(spec, 0, method, last, retain_from)
-            buffers = replica.buffers() if replica.buffer_names else None
+            buffers = replicas[0].buffers() if replicas[0].buffer_names else None
         left = time.time()
         timings = {
             "fb_entered": entered,
