@@ -78,6 +78,15 @@ def main(update: str = "sharded", iterations_per_job: int = 8) -> None:
     running = {"job": False, "killed_while_running": False}
 
     def kill():
+        # Once a task of the job runs (polled): a fixed delay raced the job's end as the
+        # engine got faster (a LocalSGD job of 8 iterations took under 0.3 s).
+        tracker = sc.statusTracker()
+        deadline = time.perf_counter() + 30
+        while time.perf_counter() < deadline:
+            stages = [tracker.getStageInfo(stage) for stage in tracker.getActiveStageIds()]
+            if any(stage is not None and stage.numActiveTasks > 0 for stage in stages):
+                break
+            time.sleep(0.002)
         running["killed_while_running"] = running["job"]
         os.kill(jvms_before[-1], signal.SIGKILL)
         killed.append(jvms_before[-1])
@@ -85,7 +94,7 @@ def main(update: str = "sharded", iterations_per_job: int = 8) -> None:
     def run_and_kill(steps, stop_after_nonfinite):
         timer = None
         if not killed and steps[0].iteration < KILL_AFTER <= steps[-1].iteration + 1:
-            timer = threading.Timer(0.3, kill)  # while the job runs (reported below)
+            timer = threading.Thread(target=kill)  # while the job runs (reported below)
             timer.start()
         running["job"] = True
         try:
