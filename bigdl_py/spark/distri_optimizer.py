@@ -366,7 +366,8 @@ class DistriOptimizer(BaseOptimizer):
         whole gradient and steps the whole vector with its own copy of the optimizer state
         — one stage per iteration, N times the shuffle bytes and the optimizer state. Both
         give the same weights; checkpoints have the same layout. ``"one-task"``: the
-        replicated update's arithmetic in ONE Spark task per job of 64 or more iterations,
+        replicated update's arithmetic in ONE Spark task per job of 64 or more iterations
+        (4 above 16 MB of parameters, whose iterations take seconds),
         which reads every partition's data and trains the shares on threads, a replica per
         thread (executors sharing a disk only). ``"auto"`` (the default) picks one-task
         in local mode (``local[n]``: one machine, where a stage per iteration buys no

@@ -103,9 +103,9 @@ def test_auto_picks_replicated_for_small_models_and_sharded_for_large_ones():
 
 
 def test_auto_picks_one_task_in_local_mode_whatever_the_model():
-    for parameter_bytes in (89_000, 64 << 20):
+    for parameter_bytes, per_job in ((89_000, 64), (16 << 20, 64), (45 << 20, 4)):
         choice = choose_mode(parameter_bytes, 2, True, False, local_mode=True)
-        assert (choice.update, choice.iterations_per_job) == ("one-task", 64)
+        assert (choice.update, choice.iterations_per_job) == ("one-task", per_job)
     assert choose_mode(89_000, 2, True, True, local_mode=True).update == "one-task"
     assert choose_mode(89_000, 2, True, False, 100, local_mode=True).iterations_per_job == 100
     assert choose_mode(89_000, 2, True, False, local_mode=True).reason == (
@@ -263,6 +263,20 @@ def test_one_task_needs_executors_that_share_a_disk():
     spec = RunSpec("run", None, None, None, 2, 10, 8, None, carry_state=True)
     with pytest.raises(ValueError, match="one-task.*share a disk"):
         OneTask().iterations_per_call(8, spec)
+
+
+def test_one_task_jobs_are_shorter_for_large_models():
+    from bigdl_py.spark.modes.one_task import OneTask
+    from bigdl_py.spark.replica import RunSpec
+
+    def per_call(parameters, requested):
+        return OneTask().iterations_per_call(
+            requested, RunSpec("run", None, None, None, 2, parameters, 8, None)
+        )
+
+    assert per_call(89_000 // 4, 8) == 64  # LeNet-5: 64 a job at least
+    assert per_call(11_200_000, 4) == 4  # ResNet-18: seconds an iteration
+    assert per_call(11_200_000, 8) == 8  # a longer chain asked for is kept
 
 
 def test_partitions_in_order_gathers_rows_across_partitions():

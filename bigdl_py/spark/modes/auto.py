@@ -4,10 +4,12 @@
   partition is on one machine, and a Spark stage per iteration buys no parallelism that
   threads inside one task do not. So auto picks ``one-task``
   (:mod:`bigdl_py.spark.modes.one_task`: the same exact SGD on the same global batches,
-  one task per job of at least 64 iterations, the partitions' shares trained on a thread
-  per task slot). Measured on the bench machine (2 cores, ``local[2]``, bench/RESULTS.md
-  2026-11-25): one process trained LeNet-5 at 10,669 samples/s and the CIFAR CNN at 602,
-  against 1,715 and 421 for the faster exact mode on two partitions. ``local-cluster`` and
+  one task per job of at least 64 iterations (4 above 16 MB of parameters: their
+  iterations take seconds, and progress comes a job at a time), the shares trained on a thread
+  per task slot). Measured on the bench machine (2 cores, ``local[2]``, batch 128,
+  bench/RESULTS.md 2026-11-25 07:07): one-task ran LeNet-5 at 11,401-13,129 samples/s
+  against 1,837-1,976 for replicated:16, the CIFAR CNN at 653-656 against 347-386,
+  ResNet-18 at 39.2 against 32.6 for sharded:1. ``local-cluster`` and
   real clusters get the data-parallel rule below.
 
 On a cluster, the rule, and the measurements it comes from (``bench/RESULTS.md``,
@@ -85,9 +87,9 @@ def choose_mode(
     AutoChoice
     """
     if local_mode:
-        from bigdl_py.spark.modes.one_task import MIN_ITERATIONS_PER_JOB
+        from bigdl_py.spark.modes import one_task
 
-        per_job = max(iterations_per_job or 1, MIN_ITERATIONS_PER_JOB)
+        per_job = max(iterations_per_job or 1, one_task.iterations_per_job(parameter_bytes))
         reason = (
             f"update: one-task, {per_job} iterations per job: local mode, "
             f"{num_partitions} partitions on one machine train in one task "

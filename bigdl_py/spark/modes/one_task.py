@@ -13,9 +13,13 @@ replica normalises its own share (BatchNorm), draws partition ``j``'s dropout st
 partition 0's replica keeps the run's running statistics. With fewer threads a replica
 trains several neighbouring shares at once; with one, the whole batch.
 
-Measured on the bench machine (``bench/RESULTS.md``): LocalOptimizer in one process trained
-LeNet-5 at 10,669 samples/s and the CIFAR CNN at 602, against 1,715 and 421 for the faster
-exact mode on two partitions of ``local[2]``. ``update="auto"`` picks this mode in local mode.
+Measured on the bench machine (``bench/RESULTS.md``, 2026-11-25 07:07, ``local[2]``, batch
+128): LeNet-5 11,401-11,901 samples/s against 1,837-1,879 for replicated:16 and 12,009 for
+a LocalOptimizer in the same process; the CIFAR CNN 653-656 against 347-386 (LocalOptimizer
+696). Two replica threads took LeNet-5's forward-backward at batch 128 to 9.35 ms against
+11.55 for one replica on both threads; in whole runs the two were within noise, and the
+threads stay for computing the replicated update's arithmetic. ``update="auto"`` picks this
+mode in local mode.
 
 Everything else holds as in the exact modes: checkpoints have their layout (slice ``j`` of
 the state in entry ``j``) and resume exactly, in this mode or another; the state is written
@@ -41,9 +45,21 @@ from bigdl_py.spark.modes import TrainingMode
 from bigdl_py.spark.partitioned_data import drain, load_partition_data
 from bigdl_py.spark.replica import Replica, forward_backward
 
-#: A job is one task however many iterations it holds: the Spark job's fixed cost is paid
-#: once per this many iterations at least (a trigger, an epoch's end still end a job early).
+#: A job is one task however many iterations it holds: the Spark job's fixed cost (40-80 ms)
+#: is paid once per this many iterations at least (a trigger, an epoch's end still end a job
+#: early). Progress and summaries arrive a job at a time, so a model whose iterations take
+#: seconds runs short jobs: ResNet-18's (11 M parameters) take 3.3 s each on the bench
+#: machine, where 64 of them would leave the progress bar still for 3.5 minutes.
 MIN_ITERATIONS_PER_JOB = 64
+LARGE_MODEL_BYTES = 16 << 20  # parameters; above this a job runs
+LARGE_MODEL_ITERATIONS_PER_JOB = 4
+
+
+def iterations_per_job(parameter_bytes: int) -> int:
+    """The fewest iterations a one-task job runs for a model of ``parameter_bytes``."""
+    if parameter_bytes > LARGE_MODEL_BYTES:
+        return LARGE_MODEL_ITERATIONS_PER_JOB
+    return MIN_ITERATIONS_PER_JOB
 
 
 class OneTask(TrainingMode):
@@ -60,7 +76,11 @@ class OneTask(TrainingMode):
                 "host, or BIGDL_PY_STATE_DIR on a shared file system): its single task reads "
                 "every partition's data files. Use update='auto', 'sharded' or 'replicated'"
             )
-        return max(requested, MIN_ITERATIONS_PER_JOB)
+        if spec is None:
+            return max(requested, MIN_ITERATIONS_PER_JOB)
+        parameters = list(spec.model.parameters()) if spec.model is not None else []
+        itemsize = parameters[0].data.dtype.itemsize if parameters else 4
+        return max(requested, iterations_per_job(spec.flat_size * itemsize))
 
     def build_chain(self, chain):
         """One stage, one task: every partition's handle comes to it through ``coalesce``."""
