@@ -51,7 +51,8 @@ from bigdl_py.spark.replica import Replica, forward_backward
 #: seconds runs short jobs: ResNet-18's (11 M parameters) take 3.3 s each on the bench
 #: machine, where 64 of them would leave the progress bar still for 3.5 minutes.
 MIN_ITERATIONS_PER_JOB = 64
-LARGE_MODEL_BYTES = 16 << 20  # parameters; above this a job runs
+# Above this many bytes of parameters, a job runs LARGE_MODEL_ITERATIONS_PER_JOB at least.
+LARGE_MODEL_BYTES = 16 << 20
 LARGE_MODEL_ITERATIONS_PER_JOB = 4
 
 
