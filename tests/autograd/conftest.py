@@ -74,3 +74,23 @@ def compare_with_torch(torch):
         return our_output
 
     return compare
+
+
+@pytest.fixture
+def tile_calls(monkeypatch):
+    """``tile_calls(module, what)``: from now on, every ``for_each_tile`` call of the op
+    module ``module`` appends its ``what`` (``"size"`` or ``"threaded"``) to the returned
+    list, and still runs."""
+
+    def record(module, what: str) -> list:
+        calls = []
+        real_for_each_tile = module.for_each_tile
+
+        def recording(count, size, work, on_gpu=False, threaded=True):
+            calls.append({"size": size, "threaded": threaded}[what])
+            return real_for_each_tile(count, size, work, on_gpu, threaded)
+
+        monkeypatch.setattr(module, "for_each_tile", recording)
+        return calls
+
+    return record

@@ -79,7 +79,7 @@ class TrainingMode:
     # --- the executors' side ------------------------------------------------------------
     def state_owner(self, partition: int) -> int:
         """Which partition's task keeps the optimizer state checkpoint entry ``partition``
-        is cut from (a mode with one replica keeps all of it in one place)."""
+        is cut from (one-task's single task keeps all of it in one place)."""
         return partition
 
     def initial_state(self, shards: list[dict], partition: int, flat_size: int) -> dict:

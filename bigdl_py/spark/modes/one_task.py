@@ -122,30 +122,33 @@ class PartitionsInOrder:
         return rows
 
 
-def _replicas(spec, handles: list[dict], groups: list[tuple[int, int]]) -> list[Replica]:
-    """One replica per group of partitions, all reading every partition's data in order;
-    replica ``r`` draws the random streams of its group's first partition."""
+def _all_partitions_data(handles: list[dict]) -> tuple[tuple, PartitionsInOrder]:
+    """``(features, labels)`` of every partition, memory-mapped, in partition order."""
     parts = [load_partition_data(handle) for handle in handles]
     features = tuple(
         PartitionsInOrder([arrays[index] for arrays, _ in parts])
         for index in range(len(parts[0][0]))
     )
-    labels = PartitionsInOrder([labels for _, labels in parts])
-    replicas = []
-    for first_partition, _ in groups:
-        replica = worker.fetch(
-            spec.run_id,
-            ("one-task", first_partition, len(groups)),
-            lambda first=first_partition: _replica_reading(spec, handles[first], features, labels),
+    return features, PartitionsInOrder([labels for _, labels in parts])
+
+
+def _replicas(spec, handles: list[dict], groups: list[tuple[int, int]]) -> list[Replica]:
+    """One replica per group of partitions (this worker's, kept between jobs), all reading
+    every partition's data; replica ``r`` draws the random streams of its group's first
+    partition."""
+
+    def build(first: int) -> Replica:
+        features, labels = worker.fetch(
+            spec.run_id, ("one-task", "data"), lambda: _all_partitions_data(handles)
         )
-        replicas.append(replica)
-    return replicas
+        replica = Replica(spec, handles[first])  # partition = the handle's: its streams
+        replica.features, replica.labels = features, labels
+        return replica
 
-
-def _replica_reading(spec, handle: dict, features: tuple, labels) -> Replica:
-    replica = Replica(spec, handle)  # partition = the handle's: its dropout stream
-    replica.features, replica.labels = features, labels
-    return replica
+    return [
+        worker.fetch(spec.run_id, ("one-task", first, len(groups)), lambda f=first: build(f))
+        for first, _ in groups
+    ]
 
 
 _pool_lock = threading.Lock()
@@ -170,6 +173,8 @@ def _train_chain(chain):
     driver_buffers, resumed_states = chain.buffers, chain.initial_states
     shares, schedules = chain.shares, chain.schedules
     stop_after_nonfinite, retain_from = chain.stop_after_nonfinite, chain.retain_from
+    # Fixed on the driver: which shares a replica trains (and so its batch statistics and
+    # the order of the gradients' sum) must not depend on the host a retried task runs on.
     threads = max(1, min(num_partitions, os.cpu_count() or 1))
     groups = all_slice_bounds(num_partitions, threads)  # partitions [a, b) per thread
 
@@ -198,7 +203,9 @@ def _train_chain(chain):
                 ]
 
                 def train_piece(index, weights=weights, pieces=pieces, iteration=iteration):
-                    gradient, loss_sum, samples = forward_backward(
+                    # The gradient is a view of the replica's own buffer, untouched until its
+                    # next forward-backward: the sum below reads it without a copy.
+                    return forward_backward(
                         replicas[index],
                         weights,
                         pieces[index],
@@ -207,7 +214,6 @@ def _train_chain(chain):
                         spec.gradient_accumulation,
                         frozen,
                     )
-                    return np.array(gradient), loss_sum, samples
 
                 started = time.perf_counter()
                 if len(groups) == 1:

@@ -268,17 +268,10 @@ def test_an_empty_batch_makes_no_tiles_at_any_thread_count():
     assert calls == [] and scratches == [{}]
 
 
-def test_small_convolutions_keep_their_tiles_on_the_calling_thread(monkeypatch, rng):
+def test_small_convolutions_keep_their_tiles_on_the_calling_thread(monkeypatch, rng, tile_calls):
     # Below MIN_THREADED_MULTIPLY_ADDS handing tiles to another thread costs more than it
     # saves; the tiles still run, with BLAS held to one thread.
-    seen = []
-    real_for_each_tile = conv.for_each_tile
-
-    def recording(batch, size, work, on_gpu=False, threaded=True):
-        seen.append(threaded)
-        return real_for_each_tile(batch, size, work, on_gpu, threaded)
-
-    monkeypatch.setattr(conv, "for_each_tile", recording)
+    seen = tile_calls(conv, "threaded")
     x = Tensor(rng.standard_normal((4, 2, 6, 6)), requires_grad=True)
     weight = Tensor(rng.standard_normal((3, 2, 3, 3)), requires_grad=True)
     with backend.blas_threads(2):

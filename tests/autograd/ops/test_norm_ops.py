@@ -147,21 +147,16 @@ def test_layer_norm_matches_torch(torch, compare_with_torch, rng, input_shape, n
 
 
 @pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
-def test_batch_norm_split_over_threads_matches_one_block_and_float64(monkeypatch, rng, training):
+def test_batch_norm_split_over_threads_matches_one_block_and_float64(
+    monkeypatch, rng, training, tile_calls
+):
     # Above MIN_SPLIT_BYTES the channels are split, one block per BLAS thread; each channel's
     # numbers must not depend on the split (and short rows take the einsum route: width 4).
     from bigdl_py import backend
     from bigdl_py.autograd.ops import norm
 
     monkeypatch.setattr(norm, "MIN_SPLIT_BYTES", 0)
-    blocks = []
-    real_for_each_tile = norm.for_each_tile
-
-    def recording(count, size, work, on_gpu=False, threaded=True):
-        blocks.append(size)
-        return real_for_each_tile(count, size, work, on_gpu, threaded)
-
-    monkeypatch.setattr(norm, "for_each_tile", recording)
+    blocks = tile_calls(norm, "size")
     arrays = [
         rng.standard_normal((6, 5, 8, 4)).astype(np.float32) * 3 + 1,
         rng.standard_normal(5).astype(np.float32),
