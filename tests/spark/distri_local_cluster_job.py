@@ -2,8 +2,9 @@
 
 Started by ``test_local_cluster.py`` in a subprocess (a second SparkContext cannot live
 beside the test session), as ``distri_local_cluster_job.py UPDATE ITERATIONS_PER_JOB``.
-Shortly after the job that runs iteration ``KILL_AFTER`` starts, it SIGKILLs one executor
-JVM: Spark re-runs the lost tasks elsewhere, recomputes lost shuffle outputs (a chained
+While the job that runs iteration ``KILL_AFTER`` runs, it SIGKILLs one executor JVM
+(a task of that executor holds inside the job until it is killed: see :class:`HoldUntilKilled`):
+Spark re-runs the lost tasks elsewhere, recomputes lost shuffle outputs (a chained
 job's earlier stages) and cached partition handles from lineage, and the optimizer state
 is picked up from the host-local state files. The final weights must equal an
 uninterrupted run's: for the exact modes a LocalOptimizer on the same global batches, for
@@ -15,8 +16,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
 
@@ -38,13 +41,43 @@ MASTER = "local-cluster[2,1,2048]"
 ITERATIONS, KILL_AFTER = 30, 10
 
 
-def executor_jvm(rows):
+def this_executor_jvm() -> int:
     """The process id of the executor JVM that runs this Python worker."""
-    for _ in rows:
-        pass
     daemon = os.getppid()  # workers are forked by the pyspark daemon the executor started
     with open(f"/proc/{daemon}/status") as status:
-        yield next(int(line.split()[1]) for line in status if line.startswith("PPid:"))
+        return next(int(line.split()[1]) for line in status if line.startswith("PPid:"))
+
+
+def executor_jvm(rows):
+    for _ in rows:
+        pass
+    yield this_executor_jvm()
+
+
+class HoldUntilKilled(nn.Module):
+    """Identity, except once: after the driver creates ``armed``, the first forward pass in
+    the executor JVM ``target`` creates ``holding`` and waits there until that JVM is killed.
+
+    So the kill lands inside a running task, however fast the job or however late Spark's
+    status tracker reports it (a poll of the tracker raced the job's end under load). It has
+    no parameters: the model's weights and arithmetic are the classifier's.
+    """
+
+    def __init__(self, directory: str, target: int):
+        super().__init__()
+        self.armed = os.path.join(directory, "armed")
+        self.holding = os.path.join(directory, "holding")
+        self.target = target
+
+    def forward(self, x):
+        if os.path.exists(self.armed) and not os.path.exists(self.holding):
+            if this_executor_jvm() == self.target:
+                open(self.holding, "x").close()
+                deadline = time.monotonic() + 120
+                daemon = os.getppid()
+                while time.monotonic() < deadline and os.getppid() == daemon:
+                    time.sleep(0.05)  # the kill ends this process's daemon, then this loop
+        return x
 
 
 def main(update: str = "sharded", iterations_per_job: int = 8) -> None:
@@ -53,9 +86,9 @@ def main(update: str = "sharded", iterations_per_job: int = 8) -> None:
     sc.setLogLevel("ERROR")
     features, labels = blobs(samples=601)
 
-    def distri_optimizer():
+    def distri_optimizer(model):
         return DistriOptimizer(
-            classifier(),
+            model,
             (features, labels),
             nn.NLLLoss(),
             SGD(lr=0.1, momentum=0.9),
@@ -68,35 +101,34 @@ def main(update: str = "sharded", iterations_per_job: int = 8) -> None:
 
     uninterrupted = None
     if update.startswith("local-sgd"):  # not LocalOptimizer's mathematics: its own run
-        with distri_optimizer() as reference_run:
+        with distri_optimizer(classifier()) as reference_run:
             uninterrupted = flat(reference_run.optimize())
-    optimizer = distri_optimizer()
     jvms_before = sorted(set(sc.parallelize(range(8), 8).mapPartitions(executor_jvm).collect()))
+    signals = tempfile.mkdtemp(prefix="bigdl_py-kill-")
+    hold = HoldUntilKilled(signals, jvms_before[-1])
+    optimizer = distri_optimizer(nn.Sequential(hold, classifier()))
     killed = []
     run_iterations = optimizer.runner.run_iterations
 
     running = {"job": False, "killed_while_running": False}
 
     def kill():
-        # Once a task of the job runs (polled): a fixed delay raced the job's end as the
-        # engine got faster (a LocalSGD job of 8 iterations took under 0.3 s).
-        tracker = sc.statusTracker()
-        deadline = time.perf_counter() + 30
-        while time.perf_counter() < deadline:
-            stages = [tracker.getStageInfo(stage) for stage in tracker.getActiveStageIds()]
-            if any(stage is not None and stage.numActiveTasks > 0 for stage in stages):
-                break
+        # Once a task of the job holds in the JVM to kill; if the job ends first (the other
+        # executor ran every forward pass), the next job tries again.
+        while running["job"] and not os.path.exists(hold.holding):
             time.sleep(0.002)
-        running["killed_while_running"] = running["job"]
-        os.kill(jvms_before[-1], signal.SIGKILL)
-        killed.append(jvms_before[-1])
+        if os.path.exists(hold.holding):
+            running["killed_while_running"] = running["job"]
+            os.kill(jvms_before[-1], signal.SIGKILL)
+            killed.append(jvms_before[-1])
 
     def run_and_kill(steps, stop_after_nonfinite):
         timer = None
-        if not killed and steps[0].iteration < KILL_AFTER <= steps[-1].iteration + 1:
+        running["job"] = True
+        if not killed and KILL_AFTER <= steps[-1].iteration + 1:
+            open(hold.armed, "a").close()
             timer = threading.Thread(target=kill)  # while the job runs (reported below)
             timer.start()
-        running["job"] = True
         try:
             return run_iterations(steps, stop_after_nonfinite)
         finally:
@@ -129,6 +161,7 @@ def main(update: str = "sharded", iterations_per_job: int = 8) -> None:
         "seconds": seconds,
     }
     print("RESULT " + json.dumps(report), flush=True)
+    shutil.rmtree(signals, ignore_errors=True)
     spark.stop()
 
 
