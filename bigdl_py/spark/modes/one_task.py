@@ -2,24 +2,27 @@
 
 Where every partition lies on one machine (Spark's local mode), a Spark stage per iteration
 (35-45 ms on the bench machine; the exact modes cannot chain iterations without one) buys
-nothing that threads inside one process do not. This mode runs the same exact synchronous
-SGD in a single task per job: the task reads every partition's cached data (``coalesce(1)``,
-no shuffle) and, for each iteration, trains the partitions' shares of the global batch on
-``R`` threads, one model replica per thread (``R`` = the run's partitions, at most the
-machine's cores; NumPy releases the GIL in its GEMMs and array loops), adds their gradients
-in partition order and steps the whole vector with the whole optimizer state. With ``R``
+nothing that one process does not. This mode runs the same exact synchronous SGD in a
+single task per job: the task reads every partition's cached data (``coalesce(1)``, no
+shuffle) and, for each iteration, trains the partitions' shares of the global batch on ``R``
+model replicas at once (``R`` = the run's partitions, at most the machine's cores): the
+task's thread trains replica 0, and each other replica lives in a child process forked from
+the task's worker (``bigdl_py.spark.replica_process``: weights and gradients through shared
+memory, so the replicas do not take turns at the GIL), or on a thread of the task where the
+platform cannot fork or the replicas are on a GPU. It adds their gradients in partition
+order and steps the whole vector with the whole optimizer state. With ``R``
 equal to the partitions it is the replicated update's arithmetic without the shuffle: each
 replica normalises its own share (BatchNorm), draws partition ``j``'s dropout stream, and
-partition 0's replica keeps the run's running statistics. With fewer threads a replica
+partition 0's replica keeps the run's running statistics. With fewer replicas one
 trains several neighbouring shares at once; with one, the whole batch.
 
 Measured on the bench machine (``bench/RESULTS.md``, 2026-11-25 07:07, ``local[2]``, batch
 128): LeNet-5 11,401-11,901 samples/s against 1,837-1,879 for replicated:16 and 12,009 for
 a LocalOptimizer in the same process; the CIFAR CNN 653-656 against 347-386 (LocalOptimizer
 696). Two replica threads took LeNet-5's forward-backward at batch 128 to 9.35 ms against
-11.55 for one replica on both threads; in whole runs the two were within noise, and the
-threads stay for computing the replicated update's arithmetic. ``update="auto"`` picks this
-mode in local mode.
+11.55 for one replica on both threads (the autograd's Python holds the GIL between NumPy
+calls); the second replica in a child process took a step to 7.61 ms against 11.05 on a
+thread (``replica_process``'s docstring). ``update="auto"`` picks this mode in local mode.
 
 Everything else holds as in the exact modes: checkpoints have their layout (slice ``j`` of
 the state in entry ``j``) and resume exactly, in this mode or another; the state is written
@@ -44,6 +47,7 @@ from bigdl_py.spark import collectives, owner_update, worker
 from bigdl_py.spark.modes import TrainingMode
 from bigdl_py.spark.partitioned_data import drain, load_partition_data
 from bigdl_py.spark.replica import Replica, forward_backward
+from bigdl_py.spark.replica_process import ReplicaProcess, processes_available
 
 #: A job is one task however many iterations it holds: the Spark job's fixed cost (40-80 ms)
 #: is paid once per this many iterations at least (a trigger, an epoch's end still end a job
@@ -132,10 +136,11 @@ def _all_partitions_data(handles: list[dict]) -> tuple[tuple, PartitionsInOrder]
     return features, PartitionsInOrder([labels for _, labels in parts])
 
 
-def _replicas(spec, handles: list[dict], groups: list[tuple[int, int]]) -> list[Replica]:
+def _replicas(spec, handles: list[dict], groups: list[tuple[int, int]]) -> list:
     """One replica per group of partitions (this worker's, kept between jobs), all reading
     every partition's data; replica ``r`` draws the random streams of its group's first
-    partition."""
+    partition. The first is the task's own; the others are :class:`ReplicaProcess`\\ es
+    where the platform forks host replicas, otherwise replicas for threads of this process."""
 
     def build(first: int) -> Replica:
         features, labels = worker.fetch(
@@ -145,10 +150,20 @@ def _replicas(spec, handles: list[dict], groups: list[tuple[int, int]]) -> list[
         replica.features, replica.labels = features, labels
         return replica
 
-    return [
-        worker.fetch(spec.run_id, ("one-task", first, len(groups)), lambda f=first: build(f))
-        for first, _ in groups
-    ]
+    in_processes = processes_available(spec.device)
+    replicas = []
+    for number, (first, _) in enumerate(groups):
+        if number == 0 or not in_processes:
+            key = ("one-task", first, len(groups))
+            replicas.append(worker.fetch(spec.run_id, key, lambda f=first: build(f)))
+            continue
+        key = ("one-task process", first, len(groups))
+        helper = worker.lookup(spec.run_id, key)
+        if helper is None or not helper.alive():  # a helper that died is forked again
+            helper = ReplicaProcess(build(first))
+            worker.store(spec.run_id, key, helper)
+        replicas.append(helper)
+    return replicas
 
 
 _pool_lock = threading.Lock()
@@ -163,6 +178,22 @@ def _thread_pool(threads: int) -> ThreadPoolExecutor:
         if _pool is None or _pool[0] != key:
             _pool = (key, ThreadPoolExecutor(threads, thread_name_prefix="bigdl_py-replica"))
         return _pool[1]
+
+
+def _train_with_helpers(helpers, pieces, train_own, weights, spec, iteration, frozen) -> list:
+    """Replica 0's share on this thread while each helper process trains its own; the
+    results in replica order. Every helper's reply is read before any error is raised, so
+    none is left in its pipe for the next iteration."""
+    for helper, piece in zip(helpers, pieces, strict=True):
+        helper.start(weights, piece, spec.batch_size, iteration, spec.gradient_accumulation, frozen)
+    try:
+        own = train_own(0)
+    finally:
+        outcomes = [helper.finish() for helper in helpers]
+    for outcome in outcomes:
+        if isinstance(outcome, BaseException):
+            raise outcome
+    return [own, *outcomes]
 
 
 def _train_chain(chain):
@@ -218,6 +249,10 @@ def _train_chain(chain):
                 started = time.perf_counter()
                 if len(groups) == 1:
                     results = [train_piece(0)]
+                elif isinstance(replicas[1], ReplicaProcess):
+                    results = _train_with_helpers(
+                        replicas[1:], pieces[1:], train_piece, weights, spec, iteration, frozen
+                    )
                 else:
                     results = list(_thread_pool(len(groups)).map(train_piece, range(len(groups))))
                 # In partition order, as the exact modes add the partitions' gradients.
