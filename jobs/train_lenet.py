@@ -80,7 +80,7 @@ def parse_arguments(argv=None) -> argparse.Namespace:
         default="auto",
         help="auto (default): one-task in local mode; on a cluster replicated with 16 "
         "iterations per job for small models, else sharded (docs/deploy.md); one-task: "
-        "the partitions train on threads of one Spark task, 64 or more iterations per job; "
+        "the partitions train at once in one Spark task, 128 or more iterations per job; "
         "sharded: "
         "BigDL's AllReduce, each partition steps its slice (two stages per iteration); "
         "replicated: every partition steps the whole vector "

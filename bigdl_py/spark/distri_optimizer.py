@@ -366,12 +366,13 @@ class DistriOptimizer(BaseOptimizer):
         whole gradient and steps the whole vector with its own copy of the optimizer state
         — one stage per iteration, N times the shuffle bytes and the optimizer state. Both
         give the same weights; checkpoints have the same layout. ``"one-task"``: the
-        replicated update's arithmetic in ONE Spark task per job of 64 or more iterations
-        (4 above 16 MB of parameters, whose iterations take seconds),
-        which reads every partition's data and trains the shares on threads, a replica per
-        thread (executors sharing a disk only). ``"auto"`` (the default) picks one-task
-        in local mode (``local[n]``: one machine, where a stage per iteration buys no
-        parallelism that threads do not); elsewhere one of sharded and replicated and the
+        replicated update's arithmetic in ONE Spark task per job of 128 or more iterations
+        (64 above 1 MB of parameters, 4 above 16 MB, whose iterations take seconds),
+        which reads every partition's data and trains the shares at once, a replica per
+        core, in the task and in child processes it forks (executors sharing a disk
+        only). ``"auto"`` (the default) picks one-task in local mode (``local[n]``: one
+        machine, where a stage per iteration buys no parallelism that one process and its
+        children do not); elsewhere one of sharded and replicated and the
         iterations per job; it logs its choice once at the start (logger
         ``bigdl_py.spark``): **replicated with 16 iterations per job while N x parameter
         bytes <= 16 MB, else sharded with 1** — 1 per job in both where the executors do

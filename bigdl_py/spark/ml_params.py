@@ -336,7 +336,7 @@ class NNEstimatorParams(NNModelParams, HasLabelCol):
         "updateMode",
         'the training mode (DistriOptimizer(update=)): "auto" (default: one-task in local '
         'mode; on a cluster replicated for small models, else sharded), "one-task" (the '
-        'partitions train on threads of one task per job: exact), "sharded" (BigDL\'s '
+        'partitions train at once in one task per job: exact), "sharded" (BigDL\'s '
         'AllReduce: each partition steps its slice), "replicated" (every partition steps the '
         'whole vector: one Spark stage per iteration) or "local-sgd:PERIOD[:WARMUP]" (periodic '
         "model averaging, not exact)",

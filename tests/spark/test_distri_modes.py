@@ -103,13 +103,14 @@ def test_auto_picks_replicated_for_small_models_and_sharded_for_large_ones():
 
 
 def test_auto_picks_one_task_in_local_mode_whatever_the_model():
-    for parameter_bytes, per_job in ((89_000, 64), (16 << 20, 64), (45 << 20, 4)):
+    sizes = ((89_000, 128), (1 << 20, 128), (4 << 20, 64), (16 << 20, 64), (45 << 20, 4))
+    for parameter_bytes, per_job in sizes:
         choice = choose_mode(parameter_bytes, 2, True, False, local_mode=True)
         assert (choice.update, choice.iterations_per_job) == ("one-task", per_job)
     assert choose_mode(89_000, 2, True, True, local_mode=True).update == "one-task"
-    assert choose_mode(89_000, 2, True, False, 100, local_mode=True).iterations_per_job == 100
+    assert choose_mode(89_000, 2, True, False, 200, local_mode=True).iterations_per_job == 200
     assert choose_mode(89_000, 2, True, False, local_mode=True).reason == (
-        "update: one-task, 64 iterations per job: local mode, 2 partitions on one machine "
+        "update: one-task, 128 iterations per job: local mode, 2 partitions on one machine "
         "train in one task (0.09 MB of parameters)"
     )
 
@@ -185,7 +186,7 @@ def test_auto_is_the_default_and_logs_its_choice_once(spark, caplog):
             assert run.runner.mode.name == "one-task"  # the tests' session is local[2]
     choices = [r.getMessage() for r in caplog.records if r.getMessage().startswith("update:")]
     assert choices == [
-        "update: one-task, 64 iterations per job: local mode, 2 partitions on one machine "
+        "update: one-task, 128 iterations per job: local mode, 2 partitions on one machine "
         "train in one task (0.00 MB of parameters)"
     ]
 
@@ -274,7 +275,8 @@ def test_one_task_jobs_are_shorter_for_large_models():
             requested, RunSpec("run", None, None, None, 2, parameters, 8, None)
         )
 
-    assert per_call(89_000 // 4, 8) == 64  # LeNet-5: 64 a job at least
+    assert per_call(89_000 // 4, 8) == 128  # a small model: 128 a job at least
+    assert per_call(1_100_000, 8) == 64  # the CIFAR CNN (4.4 MB): 64
     assert per_call(11_200_000, 4) == 4  # ResNet-18: seconds an iteration
     assert per_call(11_200_000, 8) == 8  # a longer chain asked for is kept
 

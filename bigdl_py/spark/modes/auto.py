@@ -2,11 +2,12 @@
 
 * **Local mode: one task.** Where Spark runs in one process (``local[n]``), every
   partition is on one machine, and a Spark stage per iteration buys no parallelism that
-  threads inside one task do not. So auto picks ``one-task``
+  one task and the processes it forks do not. So auto picks ``one-task``
   (:mod:`bigdl_py.spark.modes.one_task`: the same exact SGD on the same global batches,
-  one task per job of at least 64 iterations (4 above 16 MB of parameters: their
-  iterations take seconds, and progress comes a job at a time), the shares trained on a thread
-  per task slot). Measured on the bench machine (2 cores, ``local[2]``, batch 128,
+  one task per job of at least 128 iterations (64 above 1 MB of parameters, 4 above 16 MB:
+  their iterations take seconds, and progress comes a job at a time), the shares trained on
+  a replica per task slot, in the task and in child processes). Measured on the bench
+  machine (2 cores, ``local[2]``, batch 128,
   bench/RESULTS.md 2026-11-25 07:07): one-task ran LeNet-5 at 11,401-13,129 samples/s
   against 1,837-1,976 for replicated:16, the CIFAR CNN at 653-656 against 347-386,
   ResNet-18 at 39.2 against 32.6 for sharded:1. ``local-cluster`` and

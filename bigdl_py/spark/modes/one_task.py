@@ -21,8 +21,8 @@ Measured on the bench machine (``bench/RESULTS.md``, 2026-11-25 07:07, ``local[2
 a LocalOptimizer in the same process; the CIFAR CNN 653-656 against 347-386 (LocalOptimizer
 696). Two replica threads took LeNet-5's forward-backward at batch 128 to 9.35 ms against
 11.55 for one replica on both threads (the autograd's Python holds the GIL between NumPy
-calls); the second replica in a child process took a step to 7.61 ms against 11.05 on a
-thread (``replica_process``'s docstring). ``update="auto"`` picks this mode in local mode.
+calls); the second replica in a child process took a step to 8.41 ms against 12.70 on a
+thread (medians, ``replica_process``'s docstring). ``update="auto"`` picks this mode in local mode.
 
 Everything else holds as in the exact modes: checkpoints have their layout (slice ``j`` of
 the state in entry ``j``) and resume exactly, in this mode or another; the state is written
@@ -49,12 +49,19 @@ from bigdl_py.spark.partitioned_data import drain, load_partition_data
 from bigdl_py.spark.replica import Replica, forward_backward
 from bigdl_py.spark.replica_process import ReplicaProcess, processes_available
 
-#: A job is one task however many iterations it holds: the Spark job's fixed cost (40-80 ms)
-#: is paid once per this many iterations at least (a trigger, an epoch's end still end a job
-#: early). Progress and summaries arrive a job at a time, so a model whose iterations take
-#: seconds runs short jobs: ResNet-18's (11 M parameters) take 3.3 s each on the bench
-#: machine, where 64 of them would leave the progress bar still for 3.5 minutes.
+#: A job is one task however many iterations it holds: the Spark job's fixed cost (40-80 ms
+#: quiet, 55-280 ms from the driver's call to the task's first line and back with other
+#: work on the 2 cores) is paid once per this many iterations at least (a trigger, an epoch's
+#: end still end a job early). Progress and summaries arrive a job at a time, so a model whose
+#: iterations take seconds runs short jobs: ResNet-18's (11 M parameters) take 3.3 s each on
+#: the bench machine, where 64 of them would leave the progress bar still for 3.5 minutes.
 MIN_ITERATIONS_PER_JOB = 64
+# Models of at most this many bytes of parameters run SMALL_MODEL_ITERATIONS_PER_JOB at
+# least: their iterations take milliseconds (LeNet-5's 0.24 MB: 8-12 ms at batch 128), where
+# the job's cost weighs most; 128 of them still report progress every second or two, and a
+# validation every 117 iterations (bench/time_to_accuracy.py) then ends one job, not two.
+SMALL_MODEL_BYTES = 1 << 20
+SMALL_MODEL_ITERATIONS_PER_JOB = 128
 # Above this many bytes of parameters, a job runs LARGE_MODEL_ITERATIONS_PER_JOB at least.
 LARGE_MODEL_BYTES = 16 << 20
 LARGE_MODEL_ITERATIONS_PER_JOB = 4
@@ -64,6 +71,8 @@ def iterations_per_job(parameter_bytes: int) -> int:
     """The fewest iterations a one-task job runs for a model of ``parameter_bytes``."""
     if parameter_bytes > LARGE_MODEL_BYTES:
         return LARGE_MODEL_ITERATIONS_PER_JOB
+    if parameter_bytes <= SMALL_MODEL_BYTES:
+        return SMALL_MODEL_ITERATIONS_PER_JOB
     return MIN_ITERATIONS_PER_JOB
 
 
