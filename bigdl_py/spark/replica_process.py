@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import mmap
 import multiprocessing
+import pickle
 import traceback
 import weakref
 
@@ -139,8 +140,20 @@ def _serve(replica: Replica, connection, weights: np.ndarray, gradient: np.ndarr
                 outcome = (loss_sum, count)
             except Exception as error:  # the parent raises it in the task
                 outcome = error
+            if isinstance(outcome, BaseException) and not _travels(outcome):
+                text = "".join(traceback.format_exception(outcome))
+                outcome = RuntimeError(text)  # its text, where the error itself cannot travel
             try:
                 connection.send((number, outcome))
-            except Exception:  # an error that does not pickle: send its text instead
-                text = "".join(traceback.format_exception(outcome))
-                connection.send((number, RuntimeError(text)))
+            except OSError:  # the parent is gone: nobody waits for the reply
+                return
+
+
+def _travels(error: BaseException) -> bool:
+    """Whether ``error`` survives the pipe: some exception classes pickle but cannot be
+    rebuilt (their ``__init__`` takes other arguments), which would fail in the parent."""
+    try:
+        pickle.loads(pickle.dumps(error))
+    except Exception:
+        return False
+    return True

@@ -96,3 +96,24 @@ def test_a_child_that_died_is_reported_not_waited_for(tmp_path):
         error = raised
     assert isinstance(error, RuntimeError)
     assert "partition 0's replica died" in str(error)
+
+
+class NeedsTwoArguments(Exception):
+    def __init__(self, first, second):  # pickles, but cannot be rebuilt from its args
+        super().__init__(f"{first} and {second}")
+
+
+def test_an_error_that_cannot_travel_comes_back_as_its_text(tmp_path):
+    def failing_step(model, batch):
+        raise NeedsTwoArguments("left", "right")
+
+    rebuilt = replica(tmp_path)
+    rebuilt.training_step = failing_step
+    helper = ReplicaProcess(rebuilt)
+    try:
+        helper.start(helper.weights.copy(), np.arange(5), BATCH, 0, 1, None)
+        error = helper.finish()
+    finally:
+        helper.close()
+    assert isinstance(error, RuntimeError)
+    assert "NeedsTwoArguments: left and right" in str(error)
