@@ -257,6 +257,23 @@ def test_one_task_draws_each_partitions_dropout_stream_on_its_thread(spark):
 
 
 @pytest.mark.spark
+def test_one_task_trains_the_same_on_threads_as_in_processes(spark):
+    """device="auto" (a GPU where a task has one; the CPU here) keeps the second replica on
+    a thread of the task, device="cpu" forks it a process: the same weights, bit for bit."""
+    features, labels = blobs()
+
+    def run(device):
+        with DistriOptimizer_(
+            classifier(), (features, labels), update="one-task", num_partitions=2, device=device
+        ) as optimizer:
+            return flat(optimizer.optimize())
+
+    in_processes, on_threads = run("cpu"), run("auto")
+    np.testing.assert_array_equal(in_processes, on_threads)
+    assert relative_error(in_processes, flat(classifier())) > 1e-2
+
+
+@pytest.mark.spark
 def test_one_task_needs_executors_that_share_a_disk():
     from bigdl_py.spark.modes.one_task import OneTask
     from bigdl_py.spark.replica import RunSpec
