@@ -18,12 +18,17 @@ that wrote it.
   a convolution of the zero-padded output gradient with the flipped, channel-swapped kernel;
   otherwise (or when it moves less memory) ``weight^T @ grad`` scattered back by ``col2im``,
   which loops only over the ``KH*KW`` kernel offsets.
+
+3x3 stride-1 convolutions of 128 or more channels each way (ResNet-18's 16x16, 8x8 and 4x4
+layers) take Winograd's F(2x2, 3x3) instead, forward and weight gradient alike
+(``conv_winograd.py``): 16 multiplications per 2x2 block and input channel instead of 36.
 """
 
 from __future__ import annotations
 
 from bigdl_py import backend
 from bigdl_py.autograd.function import Function
+from bigdl_py.autograd.ops import conv_winograd
 from bigdl_py.autograd.ops.conv_tiles import (
     MIN_THREADED_MULTIPLY_ADDS,
     for_each_tile,
@@ -292,6 +297,8 @@ def convolve(x, weight, stride, before, padded_hw, dilation, groups: int, bias=N
     """Cross-correlate ``x (N, C, H, W)``, zero-padded into a ``padded_hw`` frame ``before``
     rows/columns in, with ``weight (O, C/g, KH, KW)``; add ``bias``. Returns NCHW."""
     xp = backend.array_module(x)
+    if conv_winograd.applies(weight.shape, stride, dilation, groups, backend.is_cupy_array(x)):
+        return conv_winograd.convolve(x, weight, before, padded_hw, bias)
     batch = x.shape[0]
     out_channels, _, kernel_h, kernel_w = weight.shape
     out_hw = (
@@ -344,6 +351,8 @@ def convolution_weight_gradient(
     """Gradient of ``convolve``'s weight (and bias when ``with_bias``) given the output's
     gradient ``grad (N, O, OH, OW)``: ``(weight_grad, bias_grad or None)``."""
     xp = backend.array_module(x)
+    if conv_winograd.applies(weight_shape, stride, dilation, groups, backend.is_cupy_array(x)):
+        return conv_winograd.weight_gradient(x, grad, weight_shape, before, padded_hw, with_bias)
     batch = x.shape[0]
     out_channels, in_per_group, kernel_h, kernel_w = weight_shape
     out_hw = grad.shape[2:]
