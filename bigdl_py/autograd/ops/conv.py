@@ -297,7 +297,8 @@ def convolve(x, weight, stride, before, padded_hw, dilation, groups: int, bias=N
     """Cross-correlate ``x (N, C, H, W)``, zero-padded into a ``padded_hw`` frame ``before``
     rows/columns in, with ``weight (O, C/g, KH, KW)``; add ``bias``. Returns NCHW."""
     xp = backend.array_module(x)
-    if conv_winograd.applies(weight.shape, stride, dilation, groups, backend.is_cupy_array(x)):
+    on_gpu = backend.is_cupy_array(x)
+    if conv_winograd.applies(weight.shape, stride, dilation, groups, on_gpu, x.dtype):
         return conv_winograd.convolve(x, weight, before, padded_hw, bias)
     batch = x.shape[0]
     out_channels, _, kernel_h, kernel_w = weight.shape
@@ -351,7 +352,8 @@ def convolution_weight_gradient(
     """Gradient of ``convolve``'s weight (and bias when ``with_bias``) given the output's
     gradient ``grad (N, O, OH, OW)``: ``(weight_grad, bias_grad or None)``."""
     xp = backend.array_module(x)
-    if conv_winograd.applies(weight_shape, stride, dilation, groups, backend.is_cupy_array(x)):
+    on_gpu = backend.is_cupy_array(x)
+    if conv_winograd.applies(weight_shape, stride, dilation, groups, on_gpu, x.dtype):
         return conv_winograd.weight_gradient(x, grad, weight_shape, before, padded_hw, with_bias)
     batch = x.shape[0]
     out_channels, in_per_group, kernel_h, kernel_w = weight_shape
@@ -389,6 +391,9 @@ def convolution_weight_gradient(
 
     # A thread that found no tile left has an empty scratch.
     parts = [scratch for scratch in for_each_tile(batch, size, work, on_gpu, threaded) if scratch]
+    if not parts:  # an empty batch: no tile ran
+        bias_grad = xp.zeros(out_channels, dtype=x.dtype) if with_bias else None
+        return xp.zeros(weight_shape, dtype=x.dtype), bias_grad
     weight_grad = parts[0]["weight"]
     bias_grad = parts[0].get("bias")
     for part in parts[1:]:

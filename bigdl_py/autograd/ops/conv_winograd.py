@@ -43,11 +43,13 @@ _G = np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0.0, 0.0, 1.
 _GG = np.kron(_G, _G)
 
 
-def applies(weight_shape, stride, dilation, groups, on_gpu) -> bool:
-    """Whether ``convolve`` of these shapes takes the Winograd route."""
+def applies(weight_shape, stride, dilation, groups, on_gpu, dtype) -> bool:
+    """Whether ``convolve`` of these shapes takes the Winograd route (floating point only:
+    the kernel transform halves values)."""
     out_channels, in_per_group, kernel_h, kernel_w = weight_shape
     return (
         not on_gpu
+        and np.dtype(dtype).kind == "f"
         and (kernel_h, kernel_w) == (3, 3)
         and tuple(stride) == (1, 1)
         and tuple(dilation) == (1, 1)
@@ -229,6 +231,9 @@ def weight_gradient(x, grad, weight_shape, before, padded_hw, with_bias=False):
             scratch["dU"] = xp.matmul(spread.reshape(16, out_channels, points), columns)
 
     parts = [part for part in for_each_tile(batch, size, work) if "dU" in part]
+    if not parts:  # an empty batch
+        bias_grad = xp.zeros(out_channels, dtype=x.dtype) if with_bias else None
+        return xp.zeros(weight_shape, dtype=x.dtype), bias_grad
     both = xp.asarray(_GG, dtype=x.dtype)
     weight_grad = xp.empty(weight_shape, dtype=x.dtype)
     rows = weight_grad.reshape(out_channels * channels, 9)

@@ -101,7 +101,7 @@ def test_float32_winograd_error_is_that_of_the_direct_sum(rng):
     # direct GEMMs' order.
     x = rng.standard_normal((4, 128, 8, 8)).astype(np.float32)
     weight = rng.standard_normal((128, 128, 3, 3)).astype(np.float32)
-    assert conv_winograd.applies(weight.shape, (1, 1), (1, 1), 1, on_gpu=False)
+    assert conv_winograd.applies(weight.shape, (1, 1), (1, 1), 1, False, np.float32)
     exact = ops.conv2d(Tensor(x, dtype=np.float64), Tensor(weight, dtype=np.float64), padding=1)
     got = ops.conv2d(Tensor(x), Tensor(weight), padding=1).numpy()
     scale = np.abs(exact.numpy()).max()
@@ -123,8 +123,34 @@ def test_only_wide_3x3_stride_one_convolutions_take_the_winograd_route(
     weight_shape, stride, dilation, groups
 ):
     expected = weight_shape == (128, 128, 3, 3) and stride == dilation == (1, 1)
-    assert conv_winograd.applies(weight_shape, stride, dilation, groups, False) == expected
-    assert not conv_winograd.applies(weight_shape, stride, dilation, groups, on_gpu=True)
+    settings = (weight_shape, stride, dilation, groups)
+    assert conv_winograd.applies(*settings, False, np.float32) == expected
+    assert conv_winograd.applies(*settings, False, np.float64) == expected
+    assert not conv_winograd.applies(*settings, True, np.float32)  # on a GPU
+    assert not conv_winograd.applies(*settings, False, np.int64)  # the transform halves
+
+
+def test_an_integer_convolution_keeps_the_direct_route(rng, monkeypatch):
+    monkeypatch.setattr(conv_winograd, "MIN_CHANNELS", 1)
+    x = rng.integers(-3, 4, size=(2, 3, 5, 5))
+    weight = rng.integers(-3, 4, size=(4, 3, 3, 3))
+    got = ops.conv2d(Tensor(x), Tensor(weight), padding=1).numpy()
+    exact = ops.conv2d(Tensor(x, dtype=np.float64), Tensor(weight, dtype=np.float64), padding=1)
+    np.testing.assert_array_equal(got, exact.numpy())
+
+
+@pytest.mark.parametrize("min_channels", [1, 10**9], ids=["winograd", "direct"])
+def test_an_empty_batch_gives_zero_weight_and_bias_gradients(monkeypatch, min_channels):
+    monkeypatch.setattr(conv_winograd, "MIN_CHANNELS", min_channels)
+    x = Tensor(np.zeros((0, 3, 5, 5)), requires_grad=True)
+    weight = Tensor(np.ones((4, 3, 3, 3)), requires_grad=True)
+    bias = Tensor(np.ones(4), requires_grad=True)
+    output = ops.conv2d(x, weight, bias, padding=1)
+    assert output.shape == (0, 4, 5, 5)
+    output.sum().backward()
+    assert x.grad.shape == (0, 3, 5, 5)
+    np.testing.assert_array_equal(weight.grad.numpy(), np.zeros((4, 3, 3, 3)))
+    np.testing.assert_array_equal(bias.grad.numpy(), np.zeros(4))
 
 
 def test_kernel_transform_is_g_g_gt(rng):
