@@ -18,12 +18,17 @@ that wrote it.
   a convolution of the zero-padded output gradient with the flipped, channel-swapped kernel;
   otherwise (or when it moves less memory) ``weight^T @ grad`` scattered back by ``col2im``,
   which loops only over the ``KH*KW`` kernel offsets.
+
+3x3 stride-1 convolutions of 128 or more channels each way (ResNet-18's 16x16, 8x8 and 4x4
+layers) take Winograd's F(2x2, 3x3) instead, forward and weight gradient alike
+(``conv_winograd.py``): 16 multiplications per 2x2 block and input channel instead of 36.
 """
 
 from __future__ import annotations
 
 from bigdl_py import backend
 from bigdl_py.autograd.function import Function
+from bigdl_py.autograd.ops import conv_winograd
 from bigdl_py.autograd.ops.conv_tiles import (
     MIN_THREADED_MULTIPLY_ADDS,
     for_each_tile,
@@ -122,7 +127,7 @@ def _columns_tile(padded, kernel, stride, dilation, out_hw, groups, scratch, nam
     xp = backend.array_module(padded)
     tile, channels = padded.shape[:2]
     stride_n, stride_c, stride_h, stride_w = padded.strides
-    if _full_width(stride, padded.shape[3], out_hw[1]):
+    if _full_width(stride, padded.shape[3], out_hw[1], channels):
         shape = (channels, kernel[0], kernel[1], tile, out_hw[0] * padded.shape[3])
         last_axis = (stride_w,)
     else:
@@ -141,13 +146,21 @@ def _columns_tile(padded, kernel, stride, dilation, out_hw, groups, scratch, nam
     return columns
 
 
-def _full_width(stride, padded_width: int, out_width: int) -> bool:
+def _full_width(stride, padded_width: int, out_width: int, channels: int) -> bool:
     """Full-width columns (see ``_columns_tile``) for stride 1 when the garbage columns add at
-    most a fifth to the GEMMs (12.5 % on 16x16 layers with a 3x3 kernel, 17 % on LeNet's
-    first): on ResNet-18's 8x8 and 4x4 layers they would add a quarter and a half, more
+    most a tenth to the GEMMs (6 % on 32x32 layers with a 3x3 kernel), or at most a fifth
+    for inputs of few channels, whose copies weigh more than their GEMMs (17 % on LeNet's
+    first). On ResNet-18's 8x8 and 4x4 layers they would add a quarter and a half, more
     than the strided im2col copy costs (its step took 3.3-3.4 s of CPU without them on
-    those layers, 4.1 s with them and narrower tiles)."""
-    return tuple(stride) == (1, 1) and 5 * (padded_width - out_width) <= out_width
+    those layers, 4.1 s with them and narrower tiles). On 16x16 layers (12.5 %) with 32 or
+    more channels samples-last columns won: forward plus both gradients at one thread,
+    CPU ms, medians of 8 alternated rounds, batch 64, 3x3 kernels: 64->64 53.9 -> 49.7,
+    32->64 31.5 -> 28.7, 128->128 187.7 -> 172.7; the CIFAR CNN's 3->32 32x32 layer lost
+    (10.6 -> 15.7) and LeNet-5's first layer (1->6, 28x28) was within noise."""
+    if tuple(stride) != (1, 1):
+        return False
+    garbage = padded_width - out_width
+    return 10 * garbage <= out_width or (channels < 16 and 5 * garbage <= out_width)
 
 
 def _channels_first_tile(array, start, stop, groups, scratch, name, row_width=None):
@@ -186,9 +199,9 @@ def _store_tile(product, out, start, stop, bias=None, samples_last=False) -> Non
         xp.add(samples, bias.reshape(1, -1, 1, 1), out=out[start:stop])
 
 
-def _samples_last(stride, padded_width: int, out_width: int) -> bool:
+def _samples_last(stride, padded_width: int, out_width: int, channels: int) -> bool:
     """Samples-last columns for stride-1 convolutions too narrow for full-width rows
-    (ResNet-18's 8x8 and 4x4 layers, LeNet-5's second).
+    (ResNet-18's 16x16, 8x8 and 4x4 layers, the CIFAR CNN's 16x16 ones, LeNet-5's second).
 
     There a window row of one sample is only ``OW`` = 4-8 floats; with the samples innermost
     each window copies runs of ``T`` floats instead. Forward and weight gradient, CPU ms at
@@ -199,7 +212,7 @@ def _samples_last(stride, padded_width: int, out_width: int) -> bool:
     shortcut: 6.3 -> 21.8 ms forward with samples last; its 3x3 stride-2 convolution on
     32x32, 34.8 -> 41.0).
     """
-    return tuple(stride) == (1, 1) and not _full_width(stride, padded_width, out_width)
+    return tuple(stride) == (1, 1) and not _full_width(stride, padded_width, out_width, channels)
 
 
 def _samples_last_columns(source, start, stop, before, padded_hw, geometry, scratch):
@@ -284,6 +297,9 @@ def convolve(x, weight, stride, before, padded_hw, dilation, groups: int, bias=N
     """Cross-correlate ``x (N, C, H, W)``, zero-padded into a ``padded_hw`` frame ``before``
     rows/columns in, with ``weight (O, C/g, KH, KW)``; add ``bias``. Returns NCHW."""
     xp = backend.array_module(x)
+    on_gpu = backend.is_cupy_array(x)
+    if conv_winograd.applies(weight.shape, stride, dilation, groups, on_gpu, x.dtype):
+        return conv_winograd.convolve(x, weight, before, padded_hw, bias)
     batch = x.shape[0]
     out_channels, _, kernel_h, kernel_w = weight.shape
     out_hw = (
@@ -293,11 +309,11 @@ def convolve(x, weight, stride, before, padded_hw, dilation, groups: int, bias=N
     output = xp.empty((batch, out_channels) + out_hw, dtype=x.dtype)
     grouped_weight = weight.reshape(groups, out_channels // groups, -1)
     rows = grouped_weight.shape[2] * groups
-    samples_last = _samples_last(stride, padded_hw[1], out_hw[1])
+    samples_last = _samples_last(stride, padded_hw[1], out_hw[1], x.shape[1])
     size, on_gpu, threaded = _tiles(
         batch, rows, out_hw[0] * out_hw[1], x, out_channels // groups, samples_last
     )
-    full_width = _full_width(stride, padded_hw[1], out_hw[1])
+    full_width = _full_width(stride, padded_hw[1], out_hw[1], x.shape[1])
     geometry = ((kernel_h, kernel_w), stride, dilation, out_hw, groups)
 
     def work(start, stop, scratch):
@@ -336,15 +352,18 @@ def convolution_weight_gradient(
     """Gradient of ``convolve``'s weight (and bias when ``with_bias``) given the output's
     gradient ``grad (N, O, OH, OW)``: ``(weight_grad, bias_grad or None)``."""
     xp = backend.array_module(x)
+    on_gpu = backend.is_cupy_array(x)
+    if conv_winograd.applies(weight_shape, stride, dilation, groups, on_gpu, x.dtype):
+        return conv_winograd.weight_gradient(x, grad, weight_shape, before, padded_hw, with_bias)
     batch = x.shape[0]
     out_channels, in_per_group, kernel_h, kernel_w = weight_shape
     out_hw = grad.shape[2:]
     rows = in_per_group * groups * kernel_h * kernel_w
-    samples_last = _samples_last(stride, padded_hw[1], out_hw[1])
+    samples_last = _samples_last(stride, padded_hw[1], out_hw[1], x.shape[1])
     size, on_gpu, threaded = _tiles(
         batch, rows, out_hw[0] * out_hw[1], x, out_channels // groups, samples_last
     )
-    full_width = _full_width(stride, padded_hw[1], out_hw[1])
+    full_width = _full_width(stride, padded_hw[1], out_hw[1], x.shape[1])
     geometry = ((kernel_h, kernel_w), stride, dilation, out_hw, groups)
 
     def work(start, stop, scratch):
@@ -372,6 +391,9 @@ def convolution_weight_gradient(
 
     # A thread that found no tile left has an empty scratch.
     parts = [scratch for scratch in for_each_tile(batch, size, work, on_gpu, threaded) if scratch]
+    if not parts:  # an empty batch: no tile ran
+        bias_grad = xp.zeros(out_channels, dtype=x.dtype) if with_bias else None
+        return xp.zeros(weight_shape, dtype=x.dtype), bias_grad
     weight_grad = parts[0]["weight"]
     bias_grad = parts[0].get("bias")
     for part in parts[1:]:

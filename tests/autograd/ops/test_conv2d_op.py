@@ -328,3 +328,56 @@ def test_scratch_buffers_are_kept_per_thread_between_ops_and_rezeroed_on_request
     thread.start()
     thread.join()
     assert not np.shares_memory(first, other[0])
+
+
+def test_a_zeroed_buffer_grown_within_an_op_is_zeroed_past_its_first_size():
+    # The first tile of an op lays the buffer out for its size and zeroes that much; a
+    # larger tile later in the same op (same scratch dict) must find zeros past it too.
+    conv_tiles.scratch_array({}, "grow-test", (16,), np.float32)[...] = 7  # an earlier op's
+    scratch: dict = {}
+    small = conv_tiles.scratch_array(scratch, "grow-test", (2, 4), np.float32, zeroed=True)
+    small[...] = 1  # what the small tile wrote
+    larger = conv_tiles.scratch_array(scratch, "grow-test", (3, 4), np.float32, zeroed=True)
+    assert np.shares_memory(small, larger)
+    np.testing.assert_array_equal(larger[:2], 1)  # the first tile's values stay
+    np.testing.assert_array_equal(larger[2:], 0)
+
+
+@pytest.mark.parametrize(
+    "batch, size, workers, sizes",
+    [
+        (64, 14, 2, [11, 11, 11, 11, 10, 10]),  # 5 tiles of 14 -> 6, the larger ones first
+        (64, 7, 2, [7, 7, 7, 7, 6, 6, 6, 6, 6, 6]),  # 10 tiles: already even for two threads
+        (64, 16, 2, [16, 16, 16, 16]),
+        (7, 3, 1, [3, 2, 2]),  # one thread: as many tiles as before, as equal as they can be
+        (3, 1, 2, [1, 1, 1]),  # never more tiles than samples
+        (5, 5, 2, [5]),  # one tile stays one tile
+        (0, 4, 2, []),
+    ],
+)
+def test_tiles_are_even_and_a_multiple_of_the_threads(batch, size, workers, sizes):
+    tiles = conv_tiles._even_tiles(batch, size, workers)
+    assert [stop - start for start, stop in tiles] == sizes
+    assert all(stop == start for (_, stop), (start, _) in zip(tiles, tiles[1:], strict=False))
+    assert not tiles or (tiles[0][0], tiles[-1][1]) == (0, batch)
+
+
+@pytest.mark.parametrize("sizes", [(2, 3), (3, 2)])
+@pytest.mark.parametrize(
+    "input_shape, settings",
+    [((5, 3, 4, 12), {"padding": 1}), ((5, 3, 7, 6), {"padding": 1, "stride": 2})],
+    ids=["full_width", "strided"],
+)
+def test_tiles_of_different_sizes_in_either_order_give_the_one_tile_result(
+    monkeypatch, rng, sizes, input_shape, settings
+):
+    # The zero border of a thread's padded frame must hold whichever tile comes first.
+    arrays = [rng.standard_normal(input_shape), rng.standard_normal((4, 3, 3, 3))]
+    expected = conv_results(ops.conv2d, arrays, **settings)
+    first = sizes[0]
+    monkeypatch.setattr(
+        conv_tiles, "_even_tiles", lambda batch, size, workers: [(0, first), (first, batch)]
+    )
+    monkeypatch.setattr(conv, "tile_size", lambda *args: 3)
+    for got, want in zip(conv_results(ops.conv2d, arrays, **settings), expected, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
