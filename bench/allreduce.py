@@ -5,14 +5,17 @@ Run by hand (minutes on a shared 2-core machine)::
     python bench/allreduce.py [run] [--sizes 1 4 16 64 256] [--n 2 4]
                               [--wire float32 bfloat16] [--rounds 3] [--repeats 2]
     python bench/allreduce.py breakdown [--sizes 16 64] [--n 2]
+    python bench/allreduce.py compare --setting NAME:key=value,... [--setting ...]
+                              [--sizes 16 64] [--n 2] [--rounds 3] [--repeats 2]
 
-``run`` starts one SparkSession (``local[2]``, ``get_spark``'s recommended settings, the
-executor memory of ``conf/spark-defaults.conf``) and warms its JVM for under a minute
-(``--warm-s``). For every N it also starts N gloo processes (``torch.distributed`` on
-127.0.0.1, one thread each) that stay up for the whole run. For each N, size M (MB of
-float32 per rank) and wire dtype, rounds alternate: bigdl_py's all_reduce, then gloo's
-``all_reduce`` of arrays with the same element count (bfloat16 tensors for the bfloat16 wire,
-if gloo takes them), then ``np.copyto`` of M MB. The table gives medians over all rounds.
+``run`` starts one SparkSession (``local[2]``, ``get_spark``'s recommended settings; in
+local mode the tasks run in the driver JVM, whose heap is ``spark.driver.memory`` of
+``conf/spark-defaults.conf``) and warms its JVM for under a minute (``--warm-s``). For
+every N it also starts N gloo processes (``torch.distributed`` on 127.0.0.1, one thread
+each) that stay up for the whole run. For each N, size M (MB of float32 per rank) and wire
+dtype, rounds alternate: bigdl_py's all_reduce, then gloo's ``all_reduce`` of arrays with
+the same element count (bfloat16 tensors for the bfloat16 wire, if gloo takes them), then
+``np.copyto`` of M MB. The table gives medians over all rounds.
 
 bigdl_py's time is that of a job that makes the N arrays inside its tasks, all-reduces them
 (sum) and counts the result's elements, minus the median of the same job without the
@@ -26,6 +29,16 @@ concatenation), and the JVM side by jobs that stop at successive points of the r
 (Python writes its pickled buckets to the JVM; + the shuffle write and fetch, counted in the
 JVM; + the socket back to Python and unpickling on the receiving side), with the shuffle
 write and fetch-wait times that Spark's stage metrics report (REST API of the driver's UI).
+
+``compare`` A/Bs Spark settings in ONE driver JVM: PySpark keeps its JVM when a SparkContext
+stops, so sessions with each ``--setting`` (on top of the recommended settings; an empty one
+is the recommended settings alone) take turns, round after round, with a warm JIT. A first
+round (of the first setting only, with ``--warm-s`` of all-reduces) warms the JVM and is not
+counted. It reports the wall time of the all_reduce (float32 wire, sum), Spark's
+shuffle-write time, and the CPU time of the driver JVM and its Python workers together
+(from /proc, Linux only): on a shared machine the CPU time moves much less with the load
+than the wall time. Settings read when the JVM starts (``spark.driver.memory``, JVM
+options) are those of the first session.
 """
 
 from __future__ import annotations
@@ -413,9 +426,113 @@ def breakdown(sizes, counts, repeats, warm_s, extra=None):
     spark.stop()
 
 
+# --- compare -------------------------------------------------------------------------------
+
+
+def _process_tree_cpu_ms() -> float:
+    """User + system CPU ms of this process's descendants: the driver JVM and, under it, the
+    Python daemon and workers (Linux /proc)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    parents, cpu = {}, {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", encoding="ascii", errors="replace") as handle:
+                # The command name may hold spaces; the fields after it are split by them.
+                fields = handle.read().rsplit(")", 1)[1].split()
+        except OSError:  # the process ended meanwhile
+            continue
+        parents[int(name)] = int(fields[1])
+        cpu[int(name)] = (int(fields[11]) + int(fields[12])) * 1e3 / tick
+    me = os.getpid()
+    total = 0.0
+    for pid, ms in cpu.items():
+        ancestor = parents.get(pid)
+        while ancestor not in (None, me, 0, 1):
+            ancestor = parents.get(ancestor)
+        if ancestor == me:
+            total += ms
+    return total
+
+
+def compare(settings, sizes, count, rounds, repeats, warm_s):
+    """Sessions with each of ``settings`` ({name: conf}) in turn, in one driver JVM."""
+    samples = {
+        (name, size): {"wall": [], "cpu": [], "write": [], "make": []}
+        for name in settings
+        for size in sizes
+    }
+    names = list(settings)
+    print(f"# {os.cpu_count()} CPUs, master {MASTER}, N = {count}, load (1/5 min) {_load()}")
+    for round_index in range(rounds + 1):
+        warming = round_index == 0
+        for name in names[:1] if warming else names:
+            spark = _session({"spark.ui.enabled": "true", **settings[name]})
+            sc = spark.sparkContext
+            if warming:
+                _warm(sc, warm_s)
+            for megabytes in (1, 4, 16):  # this context's Python workers and buffers
+                _all_reduce_job(sc, count, megabytes, None)()
+            for megabytes in sizes:
+                job = _all_reduce_job(sc, count, megabytes, None)
+                make_job = _make_job(sc, count, megabytes)
+                job()
+                for index in range(repeats):
+                    group = f"compare-{round_index}-{name}-{megabytes}-{index}"
+                    made = _time_job(make_job)
+                    sc.setJobGroup(group, name)
+                    cpu_before = _process_tree_cpu_ms()
+                    wall = _time_job(job)
+                    cpu = _process_tree_cpu_ms() - cpu_before
+                    sc.setJobGroup("", "")
+                    if warming:
+                        continue
+                    cell = samples[(name, megabytes)]
+                    cell["wall"].append(wall)
+                    cell["cpu"].append(cpu)
+                    cell["make"].append(made)
+                    cell["write"].append(_stage_metrics(sc, group).get("shuffle write ms", 0.0))
+            spark.stop()
+            print(
+                f"# round {round_index}{' (warm-up)' if warming else ''}: {name} done, "
+                f"load {_load()}",
+                flush=True,
+            )
+    print(
+        "| setting | M (MB) | all_reduce ms | make ms | CPU ms (JVM + workers) "
+        "| shuffle write ms | wall samples |"
+    )
+    print("|---" * 7 + "|")
+    for name in names:
+        for megabytes in sizes:
+            cell = samples[(name, megabytes)]
+            walls = " ".join(f"{wall:.0f}" for wall in cell["wall"])
+            print(
+                f"| {name} | {megabytes:g} | {_median(cell['wall']):.0f} "
+                f"| {_median(cell['make']):.0f} | {_median(cell['cpu']):.0f} "
+                f"| {_median(cell['write']):.0f} | {walls} |"
+            )
+    print(f"# load (1/5 min) at the end {_load()}")
+
+
+def _parse_setting(text):
+    """``name:key=value,key=value`` -> (name, {key: value}); ``name:`` is no extra setting."""
+    name, colon, rest = text.partition(":")
+    if not colon or not name:
+        raise SystemExit(f"--setting: expected NAME:key=value,..., got {text!r}")
+    conf = {}
+    for item in filter(None, rest.split(",")):
+        key, equals, value = item.partition("=")
+        if not equals:
+            raise SystemExit(f"--setting {name}: expected key=value, got {item!r}")
+        conf[key] = value
+    return name, conf
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("part", nargs="?", default="run", choices=("run", "breakdown"))
+    parser.add_argument("part", nargs="?", default="run", choices=("run", "breakdown", "compare"))
     parser.add_argument("--sizes", type=float, nargs="*", default=None, help="MB per rank")
     parser.add_argument("--n", type=int, nargs="*", default=None, help="ranks")
     parser.add_argument("--wire", nargs="*", default=["float32", "bfloat16"])
@@ -425,6 +542,12 @@ def main(argv=None):
     parser.add_argument("--warm-s", type=float, default=40.0)
     parser.add_argument(
         "--conf", nargs="*", default=[], help="extra Spark settings, key=value (to compare)"
+    )
+    parser.add_argument(
+        "--setting",
+        action="append",
+        default=[],
+        help="compare: NAME:key=value,... (repeat; 'NAME:' is the recommended settings)",
     )
     args = parser.parse_args(argv)
     extra = {}
@@ -438,7 +561,19 @@ def main(argv=None):
             raise SystemExit(f"--wire: unknown wire dtype {wire_dtype!r}")
     if args.warm_s >= 60:
         raise SystemExit("--warm-s: the judge's JVM is warmed for under a minute")
-    if args.part == "breakdown":
+    if args.part == "compare":
+        settings = dict(_parse_setting(text) for text in args.setting)
+        if len(settings) < 2:
+            raise SystemExit("compare: give at least two --setting NAME:key=value,...")
+        compare(
+            settings,
+            args.sizes or [16, 64],
+            (args.n or [2])[0],
+            args.rounds,
+            args.repeats,
+            args.warm_s,
+        )
+    elif args.part == "breakdown":
         breakdown(args.sizes or [16, 64], args.n or [2], max(args.repeats, 3), args.warm_s, extra)
     else:
         run(

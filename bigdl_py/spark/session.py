@@ -44,14 +44,31 @@ RECOMMENDED_CONF: dict[str, str] = {
     # writer holds one buffer per reduce partition (200 x 1 MB per task for a SQL shuffle),
     # so it is not set.
     "spark.broadcast.compress": "false",
-    # Tried and not set: Kryo as
-    # spark.serializer made all_reduce of 64 MB slower (1.5-2.2 s -> 3.3-3.8 s, N = 2,
-    # A/B/A/B sessions, load 11-17 on 2 cores); spark.shuffle.checksum.enabled=false stayed
-    # within the noise (64 MB 1.4-3.4 s against 1.5-2.2 s). The sort shuffle
-    # (bypassMergeThreshold=1) ran out of the default 1g heap at 256 MB per rank
-    # (bench/RESULTS.md): its sorter holds a task's records in the heap and looks at memory
-    # only every 32 records, and a task writes N, so spark.memory.fraction is no cure (by
-    # reading Spark's Spillable, not measured).
+    # Every shuffle of a PySpark RDD (partitionBy: the collectives, the training modes) moves
+    # a few large (Long, byte[]) records per task. Below 200 reduce partitions Spark's
+    # default is the bypass-merge writer (a file per reduce partition, then concatenated),
+    # whose shuffle write took 1.1-1.4 s of a 64 MB all_reduce. Spark's serialized
+    # ("unsafe") writer applies when the serializer can relocate serialized records (Kryo
+    # can, Java serialization cannot) and bypass is off (threshold 1: any shuffle of 2 or
+    # more partitions without map-side combine, which PySpark never asks the JVM for).
+    # Together: shuffle write 1341 -> 225 ms, all_reduce N = 2 64 MB 1881 -> 1355 ms, 16 MB
+    # 540 -> 471 ms (medians of 9, sessions alternated in one driver JVM, load 5-7 on 2
+    # cores), 256 MB 6.8 -> 4.0 s (one each, load 7-8). The threshold alone (Java
+    # serialization, sort writer): 64 MB about the same as with Kryo, but 256 MB 7.9 s. Kryo
+    # with the bypass writer was slower (64 MB 1.5-2.2 s -> 3.3-3.8 s, load 11-17).
+    "spark.serializer": "org.apache.spark.serializer.KryoSerializer",
+    "spark.shuffle.sort.bypassMergeThreshold": "1",
+    # The serialized writer copies a task's records into memory pages before it writes
+    # them, so a task holds its bucket twice (the record from Python and its page; by
+    # reading Spark's UnsafeShuffleWriter): 256 MB per rank at N = 2 ran out of the default
+    # 1g heap of local mode, and completed in 2g. In
+    # local mode the driver JVM runs the tasks; it takes heap only as it needs it.
+    # Clusters size executors in conf/spark-cluster.conf (spark.executor.memory 4g).
+    "spark.driver.memory": "4g",
+    # Tried and not set: spark.shuffle.checksum.enabled=false stayed within the noise (64 MB
+    # 1.4-3.4 s against 1.5-2.2 s); spark.buffer.size (the socket buffer between Python
+    # workers and the JVM) 1 or 4 MB instead of 64 KB: within the noise (64 MB 1.6 s
+    # against 1.7 s, and with the sort writer 1.24 s against 0.97 s).
     # A Python worker's pickled slices and received buffers are tens of MB; glibc maps each
     # fresh (mmap, page faults, munmap) above its 32 MB ceiling. From the heap, and with up
     # to 256 MB of freed heap kept, pickling 32 MB took 2-14 ms instead of 26-86 and

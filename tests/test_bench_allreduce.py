@@ -1,0 +1,67 @@
+"""The helpers of ``bench/allreduce.py compare`` that decide what its numbers mean."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+
+BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench")
+
+
+@pytest.fixture(scope="module")
+def allreduce_bench():
+    # bench/ is not a package: its scripts import each other from their own directory.
+    sys.path.insert(0, BENCH)
+    try:
+        spec = importlib.util.spec_from_file_location(
+            "allreduce_bench", os.path.join(BENCH, "allreduce.py")
+        )
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.path.remove(BENCH)
+
+
+def test_a_setting_names_its_spark_conf(allreduce_bench):
+    assert allreduce_bench._parse_setting("before:a.b=1,c.d=x=y") == (
+        "before",
+        {"a.b": "1", "c.d": "x=y"},
+    )
+    assert allreduce_bench._parse_setting("shipped:") == ("shipped", {})
+
+
+@pytest.mark.parametrize("text", ["no-colon", ":a=1", "name:a"])
+def test_a_malformed_setting_is_refused(allreduce_bench, text):
+    with pytest.raises(SystemExit, match="--setting"):
+        allreduce_bench._parse_setting(text)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads Linux's /proc")
+def test_cpu_of_descendants_counts_a_grandchild(allreduce_bench):
+    # A child starts a grandchild that burns 0.3 s of CPU and then waits: the count, taken
+    # while both are alive, must include the grandchild (Python workers are the JVM's).
+    burner = (
+        "import sys, time\n"
+        "while time.process_time() < 0.3: pass\n"
+        "print('ready', flush=True); sys.stdin.readline()\n"
+    )
+    parent = (
+        "import subprocess, sys\n"
+        f"child = subprocess.Popen([sys.executable, '-c', {burner!r}], stdin=sys.stdin)\n"
+        "child.wait()\n"
+    )
+    before = allreduce_bench._process_tree_cpu_ms()
+    process = subprocess.Popen(
+        [sys.executable, "-c", parent], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert process.stdout.readline().strip() == "ready"
+        used = allreduce_bench._process_tree_cpu_ms() - before
+    finally:
+        process.communicate("\n", timeout=30)
+    assert used >= 250
