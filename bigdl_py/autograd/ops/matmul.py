@@ -69,7 +69,7 @@ def matmul_2d(a, b):
         else:
             xp.matmul(a, b[:, start:stop], out=out[:, start:stop])
 
-    for_each_tile(extent, size, work)
+    for_each_tile(extent, size, work, workers_off_caller_cpu=True)
     return out
 
 

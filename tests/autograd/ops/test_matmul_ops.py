@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -154,3 +156,31 @@ def test_an_outer_product_is_a_broadcast_multiply(rng):
     weight = Tensor(rng.standard_normal((1, 4)), requires_grad=True)
     ops.linear(linear_input, weight).sum().backward()
     np.testing.assert_allclose(linear_input.grad.numpy(), np.ones((6, 1)) @ weight.numpy())
+
+
+@pytest.mark.skipif(
+    not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+    reason="needs Linux thread affinity and two CPUs",
+)
+def test_a_split_product_keeps_the_pool_threads_off_the_callers_cpu(monkeypatch, rng):
+    monkeypatch.setattr(matmul, "_MIN_SPLIT_MULTIPLY_ADDS", 1)
+    monkeypatch.setattr(matmul, "_OPENBLAS_SINGLE_THREAD_MULTIPLY_ADDS", 0)
+    a, b = rng.standard_normal((64, 8)), rng.standard_normal((8, 16))
+    allowed = os.sched_getaffinity(0)
+    try:
+        with backend.blas_threads(2):
+            for _ in range(2):  # the first call starts the pool thread, the second pins it
+                product = matmul.matmul_2d(a, b)
+            caller_cpu = conv_tiles._workers_kept_off[0]
+            workers = list(conv_tiles._worker_ids)
+        np.testing.assert_allclose(product, a @ b, rtol=1e-13, atol=1e-13)
+        if caller_cpu is None:  # no sched_getcpu here: nothing may have been pinned
+            assert all(os.sched_getaffinity(worker) == allowed for worker in workers)
+        else:
+            assert workers
+            for worker in workers:
+                assert os.sched_getaffinity(worker) == allowed - {caller_cpu}
+    finally:
+        for worker in conv_tiles._worker_ids:
+            os.sched_setaffinity(worker, allowed)
+        conv_tiles._workers_kept_off[0] = None
