@@ -191,3 +191,23 @@ def test_half_precision_gradients_update_in_the_weights_precision(name, rng):
     OPTIM_METHODS[name]().step(weight, gradient)
     np.testing.assert_array_equal(weight, expected)
     assert np.isfinite(weight).all()
+
+
+@pytest.mark.parametrize("dampening", [0.0, 0.25], ids=["undamped", "damped"])
+def test_sgd_momentum_in_float32_is_bit_exact_to_its_formula(rng, dampening):
+    # The undamped update adds the gradient itself, not 1.0 times it: the same float32 bits.
+    size, learning_rate, momentum = 1000, 0.01, 0.9
+    weight = rng.standard_normal(size).astype(np.float32)
+    expected_weight, expected_buffer = weight.copy(), None
+    method = SGD(lr=learning_rate, momentum=momentum, dampening=dampening)
+    for _ in range(4):
+        gradient = rng.standard_normal(size).astype(np.float32)
+        method.step(weight, gradient)
+        if expected_buffer is None:
+            expected_buffer = gradient.copy()
+        else:
+            expected_buffer = momentum * expected_buffer + (1.0 - dampening) * gradient
+        expected_weight = expected_weight - learning_rate * expected_buffer
+        assert expected_buffer.dtype == np.float32
+        np.testing.assert_array_equal(method.state_dict()["momentum_buffer"], expected_buffer)
+        np.testing.assert_array_equal(weight, expected_weight)

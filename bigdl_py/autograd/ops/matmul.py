@@ -14,11 +14,32 @@ import numpy as np
 
 from bigdl_py import backend
 from bigdl_py.autograd.function import Function
+from bigdl_py.autograd.ops import conv_tiles
 from bigdl_py.autograd.ops.conv_tiles import for_each_tile, worker_count
 
 # Multiply-adds below which a product runs whole on the calling thread: handing out its
 # parts costs ~0.1 ms, about what one thread takes for a product of this size.
 _MIN_SPLIT_MULTIPLY_ADDS = 1 << 22
+# OpenBLAS runs a GEMM of at most this many multiply-adds on the calling thread whatever its
+# thread limit (its SMP_THRESHOLD_MIN, 65536, times GEMM_MULTITHREAD_THRESHOLD, 4 unless
+# built otherwise; on the bench machine no OpenBLAS thread woke up below 2**20). Such a
+# product needs no hold on BLAS's threads, which costs ~8 us a product at two threads
+# (two thread-limit changes and a one-tile for_each_tile): NCF's step has five of them.
+_OPENBLAS_SINGLE_THREAD_MULTIPLY_ADDS = 1 << 18
+_blas_is_openblas: bool | None = None
+
+
+def _runs_on_one_blas_thread(multiply_adds: int) -> bool:
+    """Whether every loaded BLAS is OpenBLAS and runs a GEMM this small on one thread."""
+    global _blas_is_openblas
+    if multiply_adds > _OPENBLAS_SINGLE_THREAD_MULTIPLY_ADDS:
+        return False
+    if _blas_is_openblas is None:
+        controllers = conv_tiles._blas()
+        _blas_is_openblas = bool(controllers) and all(
+            controller.internal_api == "openblas" for controller in controllers
+        )
+    return _blas_is_openblas
 
 
 def matmul_2d(a, b):
@@ -31,6 +52,8 @@ def matmul_2d(a, b):
         return a * b
     workers = 1 if backend.is_cupy_array(a) else worker_count()
     if workers == 1 or rows == 0 or columns == 0:
+        return a @ b
+    if _runs_on_one_blas_thread(rows * columns * inner):
         return a @ b
     xp = backend.array_module(a)
     out = xp.empty((rows, columns), dtype=xp.result_type(a, b))
@@ -46,7 +69,7 @@ def matmul_2d(a, b):
         else:
             xp.matmul(a, b[:, start:stop], out=out[:, start:stop])
 
-    for_each_tile(extent, size, work)
+    for_each_tile(extent, size, work, workers_off_caller_cpu=True)
     return out
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -20,6 +22,7 @@ def test_split_products_equal_one_gemm(monkeypatch, rng, a_shape, b_shape, trans
     # Split even these small products (the threshold is for speed, not for results); each
     # part's GEMM writes its own rows or columns of the result.
     monkeypatch.setattr(matmul, "_MIN_SPLIT_MULTIPLY_ADDS", 1)
+    monkeypatch.setattr(matmul, "_OPENBLAS_SINGLE_THREAD_MULTIPLY_ADDS", 0)
     a = rng.standard_normal(a_shape)
     b = rng.standard_normal(b_shape)
     b = b.T if transposed_b else b
@@ -41,7 +44,8 @@ def test_split_products_equal_one_gemm(monkeypatch, rng, a_shape, b_shape, trans
 
 
 def test_a_product_too_small_to_split_runs_with_blas_held_to_one_thread(monkeypatch, rng):
-    a, b = rng.standard_normal((4, 3)), rng.standard_normal((3, 5))
+    # Above OpenBLAS's own one-thread bound (2**18 multiply-adds), below the split's.
+    a, b = rng.standard_normal((64, 64)), rng.standard_normal((64, 128))
     seen_blas_threads = []
 
     def recording_matmul(*args, **kwargs):
@@ -54,9 +58,39 @@ def test_a_product_too_small_to_split_runs_with_blas_held_to_one_thread(monkeypa
     assert seen_blas_threads == [1]
 
 
+@pytest.mark.parametrize("openblas", [True, False], ids=["openblas", "other_blas"])
+def test_a_product_openblas_runs_alone_is_not_held(monkeypatch, rng, openblas):
+    # 4 x 3 x 5 multiply-adds: OpenBLAS takes no second thread for it, so the thread limit
+    # is left as it is; another BLAS (its rule unknown) is still held to one thread.
+    monkeypatch.setattr(matmul, "_blas_is_openblas", openblas)
+    a, b = rng.standard_normal((4, 3)), rng.standard_normal((3, 5))
+    seen_blas_threads = []
+    real_matmul = np.matmul
+
+    def recording_matmul(*args, **kwargs):
+        seen_blas_threads.append(conv_tiles.worker_count())
+        return real_matmul(*args, **kwargs)
+
+    monkeypatch.setattr(np, "matmul", recording_matmul)
+    with backend.blas_threads(2):
+        product = matmul.matmul_2d(a, b)
+    monkeypatch.undo()
+    np.testing.assert_array_equal(product, a @ b)
+    # ``a @ b`` does not go through np.matmul's Python name: nothing recorded when not held.
+    assert seen_blas_threads == ([] if openblas else [1])
+
+
+def test_openblas_is_recognised_among_the_loaded_blas(monkeypatch):
+    monkeypatch.setattr(matmul, "_blas_is_openblas", None)
+    apis = {controller.internal_api for controller in conv_tiles._blas()}
+    assert matmul._runs_on_one_blas_thread(1) == (bool(apis) and apis == {"openblas"})
+    assert not matmul._runs_on_one_blas_thread(matmul._OPENBLAS_SINGLE_THREAD_MULTIPLY_ADDS + 1)
+
+
 @pytest.mark.parametrize("input_shape", [(6,), (9, 6), (2, 5, 6)], ids=["1d", "2d", "3d"])
 def test_linear_split_among_threads_matches_numpy(monkeypatch, rng, input_shape):
     monkeypatch.setattr(matmul, "_MIN_SPLIT_MULTIPLY_ADDS", 1)
+    monkeypatch.setattr(matmul, "_OPENBLAS_SINGLE_THREAD_MULTIPLY_ADDS", 0)
     x = Tensor(rng.standard_normal(input_shape), requires_grad=True)
     weight = Tensor(rng.standard_normal((4, 6)), requires_grad=True)
     bias = Tensor(rng.standard_normal(4), requires_grad=True)
@@ -94,6 +128,7 @@ def test_linear_split_among_threads_matches_numpy(monkeypatch, rng, input_shape)
 )
 def test_stacked_products_split_among_threads_match_numpy(monkeypatch, rng, a_shape, b_shape):
     monkeypatch.setattr(matmul, "_MIN_SPLIT_MULTIPLY_ADDS", 1)
+    monkeypatch.setattr(matmul, "_OPENBLAS_SINGLE_THREAD_MULTIPLY_ADDS", 0)
     a = Tensor(rng.standard_normal(a_shape), requires_grad=True)
     b = Tensor(rng.standard_normal(b_shape), requires_grad=True)
     expected = np.matmul(a.data, b.data)
@@ -121,3 +156,31 @@ def test_an_outer_product_is_a_broadcast_multiply(rng):
     weight = Tensor(rng.standard_normal((1, 4)), requires_grad=True)
     ops.linear(linear_input, weight).sum().backward()
     np.testing.assert_allclose(linear_input.grad.numpy(), np.ones((6, 1)) @ weight.numpy())
+
+
+@pytest.mark.skipif(
+    not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+    reason="needs Linux thread affinity and two CPUs",
+)
+def test_a_split_product_keeps_the_pool_threads_off_the_callers_cpu(monkeypatch, rng):
+    monkeypatch.setattr(matmul, "_MIN_SPLIT_MULTIPLY_ADDS", 1)
+    monkeypatch.setattr(matmul, "_OPENBLAS_SINGLE_THREAD_MULTIPLY_ADDS", 0)
+    a, b = rng.standard_normal((64, 8)), rng.standard_normal((8, 16))
+    allowed = os.sched_getaffinity(0)
+    try:
+        with backend.blas_threads(2):
+            for _ in range(2):  # the first call starts the pool thread, the second pins it
+                product = matmul.matmul_2d(a, b)
+            caller_cpu = conv_tiles._workers_kept_off[0]
+            workers = list(conv_tiles._worker_ids)
+        np.testing.assert_allclose(product, a @ b, rtol=1e-13, atol=1e-13)
+        if caller_cpu is None:  # no sched_getcpu here: nothing may have been pinned
+            assert all(os.sched_getaffinity(worker) == allowed for worker in workers)
+        else:
+            assert workers
+            for worker in workers:
+                assert os.sched_getaffinity(worker) == allowed - {caller_cpu}
+    finally:
+        for worker in conv_tiles._worker_ids:
+            os.sched_setaffinity(worker, allowed)
+        conv_tiles._workers_kept_off[0] = None
