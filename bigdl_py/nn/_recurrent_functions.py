@@ -235,7 +235,6 @@ class LSTMSequence(_PooledSequence):
                 gates[part],
                 cells[part],
                 tanh_cells[part],
-                columns[part, features : features + size],
                 hidden_weights_t[part],
                 grad_gates[part],
             )
@@ -351,20 +350,12 @@ def _lstm_steps(columns, scaled_weights, gates, cells, tanh_cells, features: int
 
 
 def _lstm_steps_backward(
-    grad_steps,
-    grad_hidden,
-    grad_cell,
-    gates,
-    cells,
-    tanh_cells,
-    hiddens,
-    hidden_weights_t,
-    grad_gates,
+    grad_steps, grad_hidden, grad_cell, gates, cells, tanh_cells, hidden_weights_t, grad_gates
 ) -> None:
     """Back-propagation through time of a block of directions: writes the pre-activation
     gates' gradients into ``grad_gates (D, 4H, T, N)``; ``grad_hidden`` and ``grad_cell``
     (``(D, H, N)``) hold the final states' gradients on entry and the initial states' on
-    exit. ``hiddens (D, H, T + 1, N)`` are ``h_0`` .. ``h_T``."""
+    exit."""
     xp = backend.array_module(gates)
     directions, steps, gate_width, batch = gates.shape
     size = gate_width // 4
