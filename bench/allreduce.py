@@ -100,7 +100,10 @@ def _all_reduce_job(sc, count, megabytes, wire_dtype, via="shuffle"):
     expected = count * (int(megabytes * MB) // 4)
 
     def job():
-        result = collectives.all_reduce(source, "sum", wire_dtype, via=via)
+        # The size the bench knows lets all_reduce's "auto" pick its algorithm by size.
+        result = collectives.all_reduce(
+            source, "sum", wire_dtype, via=via, nbytes=int(megabytes * MB) // 4 * 4
+        )
         elements = _count_elements(result)
         collectives.release(result)
         if elements != expected:

@@ -67,6 +67,8 @@ ALL_REDUCE_ALGORITHMS = ("auto", "reduce_scatter", "all_to_all")
 # known sizes up to ALL_TO_ALL_MAX_BYTES_4 (all_reduce_algorithm's measurements).
 ALL_TO_ALL_MAX_BYTES_2 = 64 << 20
 ALL_TO_ALL_MAX_BYTES_4 = 4 << 20
+# On a float16 or bfloat16 wire: at N <= 2 and known sizes only.
+ALL_TO_ALL_MAX_BYTES_COMPRESSED = 16 << 20
 
 # Attribute of an RDD that keeps the driver broadcasts its partitions read.
 _BROADCASTS_ATTRIBUTE = "_bigdl_py_broadcasts"
@@ -450,8 +452,8 @@ def all_reduce(
       partition, and each partition combines the N arrays itself. Every rank sends N M
       bytes: at N = 2 the same bytes as ``"reduce_scatter"``, in one stage, with one
       round trip through the Python workers fewer. ``via="shuffle"`` only.
-    - ``"auto"`` (default): :func:`all_reduce_algorithm` picks one by N, ``via`` and
-      ``nbytes``.
+    - ``"auto"`` (default): :func:`all_reduce_algorithm` picks one by N, ``via``,
+      ``nbytes`` and ``wire_dtype``.
 
     Both combine the N arrays element-wise in rank order and round the result through the
     wire dtype as the all-gather does, so they give bit-identical results and the choice
@@ -482,7 +484,7 @@ def all_reduce(
         )
     count = rdd.getNumPartitions()
     if algorithm == "auto":
-        algorithm = all_reduce_algorithm(count, via, nbytes)
+        algorithm = all_reduce_algorithm(count, via, nbytes, wire_dtype)
     if algorithm == "all_to_all":
         if via != "shuffle":
             raise ValueError('all_reduce: algorithm="all_to_all" needs via="shuffle"')
@@ -509,16 +511,21 @@ def all_reduce(
     return _broadcast_rdd(rdd.context, value, count, _read_only)
 
 
-def all_reduce_algorithm(count: int, via: str = "shuffle", nbytes: int | None = None) -> str:
+def all_reduce_algorithm(
+    count: int, via: str = "shuffle", nbytes: int | None = None, wire_dtype: str | None = None
+) -> str:
     """The algorithm ``all_reduce(algorithm="auto")`` uses for N = ``count`` ranks of
-    ``nbytes`` bytes each (None: unknown).
+    ``nbytes`` bytes each (None: unknown) on ``wire_dtype``.
 
-    ``"all_to_all"`` at N <= 2 unless the arrays are known to exceed 64 MiB, and at
-    N = 3..4 only for arrays known to be at most 4 MiB; ``"reduce_scatter"`` otherwise
-    and with ``via="broadcast"``. Measured on 2026-11-25 (``local[2]`` on 2 shared cores,
-    sum of float32 arrays, both algorithms alternated in one warm JVM, medians of 6 runs
-    (3-4 at N = 4, at 256 MB and in the second runs); wall ms / CPU ms of the JVM and
-    Python workers, at load 4-8):
+    Uncompressed wire: ``"all_to_all"`` at N <= 2 unless the arrays are known to exceed
+    64 MiB, and at N = 3..4 only for arrays known to be at most 4 MiB. Compressed wire
+    (float16, bfloat16): ``"all_to_all"`` only at N <= 2 for arrays known to be at most
+    16 MiB. ``"reduce_scatter"`` otherwise and with ``via="broadcast"``.
+
+    Measured on 2026-11-25 (``local[2]`` on 2 shared cores, sum of float32 arrays, both
+    algorithms alternated in one warm JVM, medians of 6 runs (3-4 at N = 4, at 256 MB,
+    in the second runs and on bf16); wall ms / CPU ms of the JVM and Python workers, at
+    load 4-8):
 
     ======  ===========  ===================  ==================
     N       MB a rank    reduce_scatter       all_to_all
@@ -530,6 +537,8 @@ def all_reduce_algorithm(count: int, via: str = "shuffle", nbytes: int | None = 
     2       64 (again)   1179 / 1210          916 / 960
     2       256          4530 / 4495          5939 / 5440
     2       256 (again)  2732 / 4840          2766 / 5250
+    2 bf16  16           447 / 485            365 / 405
+    2 bf16  64           702 / 720            1053 / 1070
     4       1            747 / 715            522 / 575
     4       4            838 / 860            659 / 690
     4       16           933 / 920            1129 / 1000
@@ -541,10 +550,16 @@ def all_reduce_algorithm(count: int, via: str = "shuffle", nbytes: int | None = 
     lose even at N = 2 (same bytes; each receiver holds N whole arrays at once, which
     we take to be the cause, not measured). An unknown size at N <= 2 counts as small:
     sizes up to 64 MB win or tie. N = 3 was not measured and takes N = 4's rule; N > 4
-    keeps ``"reduce_scatter"``.
+    keeps ``"reduce_scatter"``. On a compressed wire ("bf16" rows, 4 runs) every receiver
+    widens N whole arrays and rounds the whole result again, where the owners of
+    ``"reduce_scatter"`` widen and add slices of M / N: twice the conversion and addition
+    work at N = 2, which outweighs the stage from 64 MB on.
     """
     if via != "shuffle":
         return "reduce_scatter"
+    if wire.check_wire_dtype(wire_dtype) is not None:
+        known_small = nbytes is not None and nbytes <= ALL_TO_ALL_MAX_BYTES_COMPRESSED
+        return "all_to_all" if count <= 2 and known_small else "reduce_scatter"
     if count <= 2 and (nbytes is None or nbytes <= ALL_TO_ALL_MAX_BYTES_2):
         return "all_to_all"
     if count <= 4 and nbytes is not None and nbytes <= ALL_TO_ALL_MAX_BYTES_4:

@@ -129,6 +129,12 @@ def test_auto_sends_whole_arrays_to_everyone_only_for_few_ranks_and_small_arrays
     assert choose(4, nbytes=16 * mib) == "reduce_scatter"
     assert choose(5, nbytes=1) == "reduce_scatter"
     assert choose(2, via="broadcast") == "reduce_scatter"
+    # compressed wires: only at N <= 2 and for known sizes up to 16 MiB
+    assert choose(2, wire_dtype="float32") == "all_to_all"  # float32 is uncompressed
+    assert choose(2, wire_dtype="bfloat16") == "reduce_scatter"
+    assert choose(2, nbytes=16 * mib, wire_dtype="float16") == "all_to_all"
+    assert choose(2, nbytes=16 * mib + 1, wire_dtype="bfloat16") == "reduce_scatter"
+    assert choose(4, nbytes=1, wire_dtype="bfloat16") == "reduce_scatter"
 
 
 def test_auto_with_a_size_hint_gives_the_reduction(sc, rng):
