@@ -7,6 +7,8 @@ Run by hand (minutes on a shared 2-core machine)::
     python bench/allreduce.py breakdown [--sizes 16 64] [--n 2]
     python bench/allreduce.py compare --setting NAME:key=value,... [--setting ...]
                               [--sizes 16 64] [--n 2] [--rounds 3] [--repeats 2]
+    python bench/allreduce.py algorithms [--sizes 1 4 16 64] [--n 2 4]
+                              [--wire float32 bfloat16] [--repeats 6]
 
 ``run`` starts one SparkSession (``local[2]``, ``get_spark``'s recommended settings; in
 local mode the tasks run in the driver JVM, whose heap is ``spark.driver.memory`` of
@@ -39,6 +41,12 @@ shuffle-write time, and the CPU time of the driver JVM and its Python workers to
 (from /proc, Linux only): on a shared machine the CPU time moves much less with the load
 than the wall time. Settings read when the JVM starts (``spark.driver.memory``, JVM
 options) are those of the first session.
+
+``algorithms`` A/Bs ``all_reduce``'s two algorithms (``reduce_scatter``, ``all_to_all``) in
+one SparkContext after ``--warm-s`` of all-reduces: for each N, wire dtype and size, one
+untimed job of each, then ``--repeats`` pairs alternating which goes first. It reports the
+median wall time of the job (making the arrays, all_reduce, counting) and the CPU time of
+the JVM and its Python workers; ``collectives.all_reduce_algorithm``'s rule comes from it.
 """
 
 from __future__ import annotations
@@ -100,7 +108,10 @@ def _all_reduce_job(sc, count, megabytes, wire_dtype, via="shuffle"):
     expected = count * (int(megabytes * MB) // 4)
 
     def job():
-        result = collectives.all_reduce(source, "sum", wire_dtype, via=via)
+        # The size the bench knows lets all_reduce's "auto" pick its algorithm by size.
+        result = collectives.all_reduce(
+            source, "sum", wire_dtype, via=via, nbytes=int(megabytes * MB) // 4 * 4
+        )
         elements = _count_elements(result)
         collectives.release(result)
         if elements != expected:
@@ -516,6 +527,49 @@ def compare(settings, sizes, count, rounds, repeats, warm_s):
     print(f"# load (1/5 min) at the end {_load()}")
 
 
+def algorithms(sizes, counts, wires, repeats, warm_s):
+    """all_reduce(algorithm=...) of each algorithm alternated in one SparkContext."""
+    from bigdl_py.spark import collectives
+
+    spark = _session()
+    sc = spark.sparkContext
+    _warm(sc, warm_s)
+    names = ("reduce_scatter", "all_to_all")
+    print(f"# {os.cpu_count()} CPUs, master {MASTER}, load (1/5 min) {_load()}")
+    print("| N | M (MB) | wire | algorithm | wall ms | CPU ms (JVM + workers) | load |")
+    print("|---" * 7 + "|")
+    for count in counts:
+        for wire_dtype in wires:
+            wire_name = None if wire_dtype == "float32" else wire_dtype
+            for megabytes in sizes:
+                source = _rank_arrays(sc, count, megabytes)
+                expected = count * (int(megabytes * MB) // 4)
+
+                def job(name, source=source, expected=expected, wire_name=wire_name):
+                    result = collectives.all_reduce(source, "sum", wire_name, algorithm=name)
+                    elements = _count_elements(result)
+                    collectives.release(result)
+                    if elements != expected:
+                        raise RuntimeError("all_reduce returned arrays of the wrong size")
+
+                for name in names:
+                    job(name)  # this size's first job
+                walls = {name: [] for name in names}
+                cpus = {name: [] for name in names}
+                for index in range(repeats):
+                    for name in names if index % 2 == 0 else names[::-1]:
+                        cpu_before = _process_tree_cpu_ms()
+                        walls[name].append(_time_job(lambda name=name: job(name)))
+                        cpus[name].append(_process_tree_cpu_ms() - cpu_before)
+                for name in names:
+                    print(
+                        f"| {count} | {megabytes:g} | {wire_dtype} | {name} "
+                        f"| {_median(walls[name]):.0f} | {_median(cpus[name]):.0f} | {_load()} |",
+                        flush=True,
+                    )
+    spark.stop()
+
+
 def _parse_setting(text):
     """``name:key=value,key=value`` -> (name, {key: value}); ``name:`` is no extra setting."""
     name, colon, rest = text.partition(":")
@@ -532,7 +586,9 @@ def _parse_setting(text):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("part", nargs="?", default="run", choices=("run", "breakdown", "compare"))
+    parser.add_argument(
+        "part", nargs="?", default="run", choices=("run", "breakdown", "compare", "algorithms")
+    )
     parser.add_argument("--sizes", type=float, nargs="*", default=None, help="MB per rank")
     parser.add_argument("--n", type=int, nargs="*", default=None, help="ranks")
     parser.add_argument("--wire", nargs="*", default=["float32", "bfloat16"])
@@ -571,6 +627,14 @@ def main(argv=None):
             (args.n or [2])[0],
             args.rounds,
             args.repeats,
+            args.warm_s,
+        )
+    elif args.part == "algorithms":
+        algorithms(
+            args.sizes or [1, 4, 16, 64],
+            args.n or [2, 4],
+            args.wire,
+            max(args.repeats, 2),
             args.warm_s,
         )
     elif args.part == "breakdown":

@@ -79,6 +79,74 @@ def test_all_reduce_gives_every_partition_the_reduction(sc, arrays, op, via):
 
 
 @SPARK_SETTINGS
+@given(
+    rank_arrays(max_partitions=4),
+    st.sampled_from(collectives.REDUCE_OPS),
+    st.sampled_from(["reduce_scatter", "all_to_all"]),
+)
+def test_both_all_reduce_algorithms_give_every_partition_the_reduction(sc, arrays, op, algorithm):
+    result_rdd = collectives.all_reduce(collectives.scatter(sc, arrays), op, algorithm=algorithm)
+    results = result_rdd.collect()
+    assert len(results) == len(arrays)
+    expected = numpy_reduce(arrays, op)
+    for result in results:
+        assert_same(result, expected)
+
+
+@SPARK_SETTINGS
+@given(
+    st.integers(1, 4),
+    st.sampled_from([(1,), (7,), (13,), (3, 5), (1001,)]),
+    st.sampled_from([np.float32, np.float64]),
+    st.sampled_from([None, "float32", "float16", "bfloat16"]),
+    st.sampled_from(["sum", "mean"]),
+    st.integers(0, 2**31 - 1),
+)
+def test_all_reduce_algorithms_are_bit_identical(sc, count, shape, dtype, wire_dtype, op, seed):
+    """Both add in rank order and round the result through the wire dtype once more, so
+    "auto" may pick either without changing a bit (here with scales far apart, where the
+    order of float additions shows)."""
+    rng = np.random.default_rng(seed)
+    scales = 10.0 ** rng.integers(-4, 4, size=count)
+    arrays = [(rng.standard_normal(shape) * scale).astype(dtype) for scale in scales]
+    rdd = collectives.scatter(sc, arrays)
+    owners = collectives.all_reduce(rdd, op, wire_dtype, algorithm="reduce_scatter").collect()
+    everyone = collectives.all_reduce(rdd, op, wire_dtype, algorithm="all_to_all").collect()
+    for left, right in zip(owners, everyone, strict=True):
+        assert left.dtype == right.dtype == dtype and left.shape == right.shape == shape
+        np.testing.assert_array_equal(left, right)
+        np.testing.assert_array_equal(left, owners[0])
+
+
+def test_auto_sends_whole_arrays_to_everyone_only_for_few_ranks_and_small_arrays():
+    choose = collectives.all_reduce_algorithm
+    mib = 1 << 20
+    assert choose(1) == choose(2) == "all_to_all"  # size unknown
+    assert choose(2, nbytes=64 * mib) == "all_to_all"
+    assert choose(2, nbytes=64 * mib + 1) == "reduce_scatter"
+    assert choose(3) == choose(4) == "reduce_scatter"
+    assert choose(4, nbytes=4 * mib) == "all_to_all"
+    assert choose(4, nbytes=16 * mib) == "reduce_scatter"
+    assert choose(5, nbytes=1) == "reduce_scatter"
+    assert choose(2, via="broadcast") == "reduce_scatter"
+    # compressed wires: only at N <= 2 and for known sizes up to 16 MiB
+    assert choose(2, wire_dtype="float32") == "all_to_all"  # float32 is uncompressed
+    assert choose(2, wire_dtype="bfloat16") == "reduce_scatter"
+    assert choose(2, nbytes=16 * mib, wire_dtype="float16") == "all_to_all"
+    assert choose(2, nbytes=16 * mib + 1, wire_dtype="bfloat16") == "reduce_scatter"
+    assert choose(4, nbytes=1, wire_dtype="bfloat16") == "reduce_scatter"
+
+
+def test_auto_with_a_size_hint_gives_the_reduction(sc, rng):
+    arrays = [rng.standard_normal(10).astype(np.float32) for _ in range(3)]
+    rdd = collectives.scatter(sc, arrays)
+    small = collectives.all_reduce(rdd, nbytes=arrays[0].nbytes).collect()
+    expected = collectives.all_reduce(rdd, algorithm="reduce_scatter").first()
+    for result in small:
+        np.testing.assert_array_equal(result, expected)
+
+
+@SPARK_SETTINGS
 @given(rank_arrays(), st.sampled_from(collectives.REDUCE_OPS))
 def test_reduce_scatter_leaves_balanced_slice_j_on_partition_j(sc, arrays, op):
     rdd = collectives.reduce_scatter(collectives.scatter(sc, arrays), op)
@@ -174,8 +242,9 @@ def test_nan_propagates_through_max_like_numpy(sc):
     np.testing.assert_array_equal(result, np.max(np.stack(arrays), axis=0))
 
 
-def test_owners_add_in_rank_order_whatever_the_arrival_order(sc, rng):
-    """Float addition is not associative: owners sort the received slices by rank, so the
+@pytest.mark.parametrize("algorithm", ["reduce_scatter", "all_to_all"])
+def test_owners_add_in_rank_order_whatever_the_arrival_order(sc, rng, algorithm):
+    """Float addition is not associative: owners sort what they receive by rank, so the
     result is bit-identical to a sequential sum in rank order on every run."""
     scales = 10.0 ** rng.integers(-4, 4, size=6)
     arrays = [(rng.standard_normal(257) * scale).astype(np.float32) for scale in scales]
@@ -185,3 +254,5 @@ def test_owners_add_in_rank_order_whatever_the_arrival_order(sc, rng):
     rdd = collectives.scatter(sc, arrays)
     for _ in range(2):
         np.testing.assert_array_equal(collectives.reduce(rdd, "sum"), sequential)
+        for result in collectives.all_reduce(rdd, "sum", algorithm=algorithm).collect():
+            np.testing.assert_array_equal(result, sequential)

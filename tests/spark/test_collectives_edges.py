@@ -30,12 +30,19 @@ def compressed_sum_bound(arrays, wire_dtype, roundings):
 
 
 @pytest.mark.parametrize("wire_dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("via", collectives.ALL_GATHER_ROUTES)
+@pytest.mark.parametrize(
+    ("via", "algorithm"),
+    [("shuffle", "reduce_scatter"), ("broadcast", "reduce_scatter"), ("shuffle", "all_to_all")],
+)
 def test_all_reduce_on_a_compressed_wire_stays_within_the_rounding_bound(
-    sc, normal_arrays, wire_dtype, via
+    sc, normal_arrays, wire_dtype, via, algorithm
 ):
     result_rdd = collectives.all_reduce(
-        collectives.scatter(sc, normal_arrays), "sum", wire_dtype=wire_dtype, via=via
+        collectives.scatter(sc, normal_arrays),
+        "sum",
+        wire_dtype=wire_dtype,
+        via=via,
+        algorithm=algorithm,
     )
     results = result_rdd.collect()
     collectives.release(result_rdd)
@@ -122,14 +129,15 @@ def test_a_partition_holding_something_else_is_named(sc):
         collectives.gather(rdd)
 
 
-def test_ranks_of_different_sizes_cannot_be_reduced(sc):
+@pytest.mark.parametrize("algorithm", ["reduce_scatter", "all_to_all"])
+def test_ranks_of_different_sizes_cannot_be_reduced(sc, algorithm):
     rdd = collectives.scatter(sc, [np.zeros(3, np.float32), np.zeros(4, np.float32)])
     with pytest.raises(
         _python_exception(),
         match=r"all_reduce: .* partition 0 holds shape \(3,\) float32 but partition 1 "
         r"holds shape \(4,\) float32",
     ):
-        collectives.all_reduce(rdd).collect()
+        collectives.all_reduce(rdd, algorithm=algorithm).collect()
 
 
 def test_ranks_of_different_dtypes_cannot_be_reduced(sc):
@@ -160,6 +168,19 @@ def test_compressing_integer_ranks_is_named(sc):
         (lambda rdd: collectives.all_reduce(rdd, via="ring"), "all_reduce: via must be"),
         (lambda rdd: collectives.all_gather(rdd, via="tree"), "all_gather: via must be"),
         (lambda rdd: collectives.all_reduce(rdd, wire_dtype="int8"), "wire_dtype must be"),
+        (
+            lambda rdd: collectives.all_reduce(rdd, wire_dtype="int8", algorithm="all_to_all"),
+            "wire_dtype must be",
+        ),
+        (
+            lambda rdd: collectives.all_reduce(rdd, "prod", algorithm="all_to_all"),
+            "all_reduce: op must be one of",
+        ),
+        (lambda rdd: collectives.all_reduce(rdd, algorithm="ring"), "algorithm must be one of"),
+        (
+            lambda rdd: collectives.all_reduce(rdd, via="broadcast", algorithm="all_to_all"),
+            'algorithm="all_to_all" needs via="shuffle"',
+        ),
     ],
 )
 def test_bad_arguments_fail_on_the_driver_before_any_job(sc, call, message):
@@ -177,14 +198,18 @@ def test_scatter_checks_its_arguments(sc):
         collectives.scatter(sc, np.zeros(4), 0)
 
 
-def test_release_deletes_the_shuffle_files_behind_a_result(sc, normal_arrays):
+@pytest.mark.parametrize(("algorithm", "shuffles"), [("reduce_scatter", 2), ("all_to_all", 1)])
+def test_release_deletes_the_shuffle_files_behind_a_result(sc, normal_arrays, algorithm, shuffles):
     from blob_data import shuffle_files, wait_until_deleted
 
     before = shuffle_files(sc)
-    result_rdd = collectives.all_reduce(collectives.scatter(sc, normal_arrays), "sum")
+    result_rdd = collectives.all_reduce(
+        collectives.scatter(sc, normal_arrays), "sum", algorithm=algorithm
+    )
     result_rdd.collect()
     written = shuffle_files(sc) - before
-    # two shuffles (reduce-scatter, all-gather) of 4 map tasks, a data file each at least
-    assert len({path for path in written if path.endswith(".data")}) >= 8
+    # reduce_scatter: two shuffles (reduce-scatter, all-gather), all_to_all: one; each of
+    # 4 map tasks writes a data file at least
+    assert len({path for path in written if path.endswith(".data")}) >= 4 * shuffles
     collectives.release(result_rdd)
     assert wait_until_deleted(written) == set()
