@@ -69,13 +69,7 @@ def assert_same(actual, expected):
     st.sampled_from(collectives.ALL_GATHER_ROUTES),
 )
 def test_all_reduce_gives_every_partition_the_reduction(sc, arrays, op, via):
-    result_rdd = collectives.all_reduce(collectives.scatter(sc, arrays), op, via=via)
-    results = result_rdd.collect()
-    collectives.release(result_rdd)
-    assert len(results) == len(arrays)
-    expected = numpy_reduce(arrays, op)
-    for result in results:
-        assert_same(result, expected)
+    assert_every_partition_gets_the_reduction(sc, arrays, op, via=via)
 
 
 @SPARK_SETTINGS
@@ -85,8 +79,13 @@ def test_all_reduce_gives_every_partition_the_reduction(sc, arrays, op, via):
     st.sampled_from(["reduce_scatter", "all_to_all"]),
 )
 def test_both_all_reduce_algorithms_give_every_partition_the_reduction(sc, arrays, op, algorithm):
-    result_rdd = collectives.all_reduce(collectives.scatter(sc, arrays), op, algorithm=algorithm)
+    assert_every_partition_gets_the_reduction(sc, arrays, op, algorithm=algorithm)
+
+
+def assert_every_partition_gets_the_reduction(sc, arrays, op, **options):
+    result_rdd = collectives.all_reduce(collectives.scatter(sc, arrays), op, **options)
     results = result_rdd.collect()
+    collectives.release(result_rdd)
     assert len(results) == len(arrays)
     expected = numpy_reduce(arrays, op)
     for result in results:

@@ -28,6 +28,7 @@ On a GPU (CuPy arrays) the whole batch is one tile and nothing is threaded.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import threading
 from collections.abc import Callable
@@ -77,6 +78,12 @@ def _blas() -> list:
     return _blas_controllers
 
 
+def blas_is_openblas() -> bool:
+    """Whether BLAS libraries are loaded and every one of them is OpenBLAS."""
+    controllers = _blas()
+    return bool(controllers) and all(c.internal_api == "openblas" for c in controllers)
+
+
 def worker_count() -> int:
     """How many threads a tiled op uses: the current BLAS thread limit (1 if unknown)."""
     return max([controller.num_threads for controller in _blas()] + [1])
@@ -101,7 +108,6 @@ def _executor(threads: int) -> ThreadPoolExecutor:
 # _keep_workers_off_this_cpu).
 _worker_ids: list[int] = []
 _workers_kept_off: list = [None]
-_sched_getcpu: list = []  # libc's sched_getcpu once looked up ([None] where there is none)
 
 
 def _register_worker() -> None:
@@ -110,16 +116,20 @@ def _register_worker() -> None:
         _workers_kept_off[0] = None
 
 
-def _calling_cpu() -> int | None:
-    """The CPU this thread runs on (glibc's ``sched_getcpu``), or None where unknown."""
-    if not _sched_getcpu:
-        try:
-            import ctypes
+@functools.cache
+def _libc_sched_getcpu():
+    """glibc's ``sched_getcpu``, or None where the C library has none."""
+    try:
+        import ctypes
 
-            _sched_getcpu.append(ctypes.CDLL(None).sched_getcpu)
-        except (OSError, AttributeError):  # not glibc: no affinity for the workers
-            _sched_getcpu.append(None)
-    function = _sched_getcpu[0]
+        return ctypes.CDLL(None).sched_getcpu
+    except (OSError, AttributeError):  # not glibc: no affinity for the workers
+        return None
+
+
+def _calling_cpu() -> int | None:
+    """The CPU this thread runs on, or None where unknown."""
+    function = _libc_sched_getcpu()
     if function is None:
         return None
     cpu = function()

@@ -96,25 +96,17 @@ def convolve(x, weight, before, padded_hw, bias=None):
     batch, channels = x.shape[:2]
     out_channels = weight.shape[0]
     out_hw = (padded_hw[0] - 2, padded_hw[1] - 2)
-    blocks = ((out_hw[0] + 1) // 2, (out_hw[1] + 1) // 2)
-    # The frame holds every block's 4x4 input: a row or column of zeros more when the
-    # output has an odd extent.
-    frame_hw = (2 * blocks[0] + 2, 2 * blocks[1] + 2)
+    blocks, per_sample, size = _block_layout(x, out_hw)
     output = xp.empty((batch, out_channels) + out_hw, dtype=x.dtype)
     transformed_kernel = kernel_transform(weight)
-    per_sample = blocks[0] * blocks[1]
-    size = tile_size(batch, 16 * channels * per_sample * x.itemsize, worker_count(), False)
 
     def work(start, stop, scratch):
-        tile = stop - start
-        points = tile * per_sample
-        frame = _frame(x, start, stop, before, padded_hw, frame_hw, scratch)
-        transformed = scratch_array(scratch, "V", (4, 4, channels) + blocks + (tile,), x.dtype)
-        _input_transform(frame, blocks, transformed, scratch)
+        points = (stop - start) * per_sample
+        transformed = _transformed_input(x, start, stop, before, padded_hw, blocks, scratch)
         product = scratch_array(scratch, "M", (16, out_channels, points), x.dtype)
         xp.matmul(transformed_kernel, transformed.reshape(16, channels, points), out=product)
         _output_transform(
-            product.reshape((4, 4, out_channels) + blocks + (tile,)),
+            product.reshape((4, 4, out_channels) + blocks + (stop - start,)),
             output,
             start,
             stop,
@@ -124,6 +116,28 @@ def convolve(x, weight, before, padded_hw, bias=None):
 
     for_each_tile(batch, size, work)
     return output
+
+
+def _block_layout(x, out_hw):
+    """``(blocks, blocks per sample, samples per tile)`` for an output of ``out_hw``: the
+    2x2 output blocks along each axis (an odd extent takes one more, half outside)."""
+    blocks = ((out_hw[0] + 1) // 2, (out_hw[1] + 1) // 2)
+    per_sample = blocks[0] * blocks[1]
+    size = tile_size(x.shape[0], 16 * x.shape[1] * per_sample * x.itemsize, worker_count(), False)
+    return blocks, per_sample, size
+
+
+def _transformed_input(x, start, stop, before, padded_hw, blocks, scratch):
+    """``V = B^T d B`` for every 4x4 input block of samples ``[start, stop)``: ``(4, 4, C,
+    blocks_h, blocks_w, T)`` in the tile's scratch."""
+    # The frame holds every block's 4x4 input: a row or column of zeros more when the
+    # output has an odd extent.
+    frame_hw = (2 * blocks[0] + 2, 2 * blocks[1] + 2)
+    frame = _frame(x, start, stop, before, padded_hw, frame_hw, scratch)
+    shape = (4, 4, x.shape[1]) + blocks + (stop - start,)
+    transformed = scratch_array(scratch, "V", shape, x.dtype)
+    _input_transform(frame, blocks, transformed, scratch)
+    return transformed
 
 
 def _frame(x, start, stop, before, padded_hw, frame_hw, scratch):
@@ -207,18 +221,11 @@ def weight_gradient(x, grad, weight_shape, before, padded_hw, with_bias=False):
     xp = backend.array_module(x)
     batch, channels = x.shape[:2]
     out_channels = weight_shape[0]
-    out_hw = grad.shape[2:]
-    blocks = ((out_hw[0] + 1) // 2, (out_hw[1] + 1) // 2)
-    frame_hw = (2 * blocks[0] + 2, 2 * blocks[1] + 2)
-    per_sample = blocks[0] * blocks[1]
-    size = tile_size(batch, 16 * channels * per_sample * x.itemsize, worker_count(), False)
+    blocks, per_sample, size = _block_layout(x, grad.shape[2:])
 
     def work(start, stop, scratch):
-        tile = stop - start
-        points = tile * per_sample
-        frame = _frame(x, start, stop, before, padded_hw, frame_hw, scratch)
-        transformed = scratch_array(scratch, "V", (4, 4, channels) + blocks + (tile,), x.dtype)
-        _input_transform(frame, blocks, transformed, scratch)
+        points = (stop - start) * per_sample
+        transformed = _transformed_input(x, start, stop, before, padded_hw, blocks, scratch)
         spread = _gradient_transform(grad, start, stop, blocks, scratch, with_bias)
         # (16, O, P) @ (16, P, C): the transformed gradient against the transformed input.
         columns = xp.swapaxes(transformed.reshape(16, channels, points), 1, 2)

@@ -14,8 +14,7 @@ import numpy as np
 
 from bigdl_py import backend
 from bigdl_py.autograd.function import Function
-from bigdl_py.autograd.ops import conv_tiles
-from bigdl_py.autograd.ops.conv_tiles import for_each_tile, worker_count
+from bigdl_py.autograd.ops.conv_tiles import blas_is_openblas, for_each_tile, worker_count
 
 # Multiply-adds below which a product runs whole on the calling thread: handing out its
 # parts costs ~0.1 ms, about what one thread takes for a product of this size.
@@ -26,20 +25,11 @@ _MIN_SPLIT_MULTIPLY_ADDS = 1 << 22
 # product needs no hold on BLAS's threads, which costs ~8 us a product at two threads
 # (two thread-limit changes and a one-tile for_each_tile): NCF's step has five of them.
 _OPENBLAS_SINGLE_THREAD_MULTIPLY_ADDS = 1 << 18
-_blas_is_openblas: bool | None = None
 
 
 def _runs_on_one_blas_thread(multiply_adds: int) -> bool:
     """Whether every loaded BLAS is OpenBLAS and runs a GEMM this small on one thread."""
-    global _blas_is_openblas
-    if multiply_adds > _OPENBLAS_SINGLE_THREAD_MULTIPLY_ADDS:
-        return False
-    if _blas_is_openblas is None:
-        controllers = conv_tiles._blas()
-        _blas_is_openblas = bool(controllers) and all(
-            controller.internal_api == "openblas" for controller in controllers
-        )
-    return _blas_is_openblas
+    return multiply_adds <= _OPENBLAS_SINGLE_THREAD_MULTIPLY_ADDS and blas_is_openblas()
 
 
 def matmul_2d(a, b):

@@ -13,12 +13,28 @@ from bigdl_py.autograd.ops import conv_tiles
 from bigdl_py.autograd.ops import matmul_ops as matmul
 
 
+@pytest.fixture
+def blas_threads_seen(monkeypatch):
+    """The BLAS thread limit at each ``np.matmul`` call from now on (the product unchanged)."""
+    seen = []
+    real_matmul = np.matmul
+
+    def recording_matmul(*args, **kwargs):
+        seen.append(conv_tiles.worker_count())
+        return real_matmul(*args, **kwargs)
+
+    monkeypatch.setattr(np, "matmul", recording_matmul)
+    return seen
+
+
 @pytest.mark.parametrize(
     "a_shape, b_shape, transposed_b",
     [((40, 6), (6, 9), False), ((5, 6), (6, 33), False), ((7, 6), (31, 6), True)],
     ids=["split_by_rows", "split_by_columns", "columns_of_a_transposed_operand"],
 )
-def test_split_products_equal_one_gemm(monkeypatch, rng, a_shape, b_shape, transposed_b):
+def test_split_products_equal_one_gemm(
+    monkeypatch, rng, a_shape, b_shape, transposed_b, blas_threads_seen
+):
     # Split even these small products (the threshold is for speed, not for results); each
     # part's GEMM writes its own rows or columns of the result.
     monkeypatch.setattr(matmul, "_MIN_SPLIT_MULTIPLY_ADDS", 1)
@@ -26,62 +42,36 @@ def test_split_products_equal_one_gemm(monkeypatch, rng, a_shape, b_shape, trans
     a = rng.standard_normal(a_shape)
     b = rng.standard_normal(b_shape)
     b = b.T if transposed_b else b
-    seen_blas_threads = []
-    real_matmul = np.matmul
-
-    def recording_matmul(*args, **kwargs):
-        seen_blas_threads.append(conv_tiles.worker_count())
-        return real_matmul(*args, **kwargs)
-
-    monkeypatch.setattr(np, "matmul", recording_matmul)
     with backend.blas_threads(2):
         product = matmul.matmul_2d(a, b)
         assert conv_tiles.worker_count() == 2
-    monkeypatch.undo()
     np.testing.assert_allclose(product, a @ b, rtol=1e-13, atol=1e-13)
     # Two parts, each computed with BLAS held to one thread.
-    assert seen_blas_threads == [1, 1]
+    assert blas_threads_seen == [1, 1]
 
 
-def test_a_product_too_small_to_split_runs_with_blas_held_to_one_thread(monkeypatch, rng):
+def test_a_product_too_small_to_split_runs_with_blas_held_to_one_thread(rng, blas_threads_seen):
     # Above OpenBLAS's own one-thread bound (2**18 multiply-adds), below the split's.
     a, b = rng.standard_normal((64, 64)), rng.standard_normal((64, 128))
-    seen_blas_threads = []
-
-    def recording_matmul(*args, **kwargs):
-        seen_blas_threads.append(conv_tiles.worker_count())
-        return a @ b
-
-    monkeypatch.setattr(np, "matmul", recording_matmul)
     with backend.blas_threads(2):
         matmul.matmul_2d(a, b)
-    assert seen_blas_threads == [1]
+    assert blas_threads_seen == [1]
 
 
 @pytest.mark.parametrize("openblas", [True, False], ids=["openblas", "other_blas"])
-def test_a_product_openblas_runs_alone_is_not_held(monkeypatch, rng, openblas):
+def test_a_product_openblas_runs_alone_is_not_held(monkeypatch, rng, openblas, blas_threads_seen):
     # 4 x 3 x 5 multiply-adds: OpenBLAS takes no second thread for it, so the thread limit
     # is left as it is; another BLAS (its rule unknown) is still held to one thread.
-    monkeypatch.setattr(matmul, "_blas_is_openblas", openblas)
+    monkeypatch.setattr(matmul, "blas_is_openblas", lambda: openblas)
     a, b = rng.standard_normal((4, 3)), rng.standard_normal((3, 5))
-    seen_blas_threads = []
-    real_matmul = np.matmul
-
-    def recording_matmul(*args, **kwargs):
-        seen_blas_threads.append(conv_tiles.worker_count())
-        return real_matmul(*args, **kwargs)
-
-    monkeypatch.setattr(np, "matmul", recording_matmul)
     with backend.blas_threads(2):
         product = matmul.matmul_2d(a, b)
-    monkeypatch.undo()
     np.testing.assert_array_equal(product, a @ b)
     # ``a @ b`` does not go through np.matmul's Python name: nothing recorded when not held.
-    assert seen_blas_threads == ([] if openblas else [1])
+    assert blas_threads_seen == ([] if openblas else [1])
 
 
-def test_openblas_is_recognised_among_the_loaded_blas(monkeypatch):
-    monkeypatch.setattr(matmul, "_blas_is_openblas", None)
+def test_openblas_is_recognised_among_the_loaded_blas():
     apis = {controller.internal_api for controller in conv_tiles._blas()}
     assert matmul._runs_on_one_blas_thread(1) == (bool(apis) and apis == {"openblas"})
     assert not matmul._runs_on_one_blas_thread(matmul._OPENBLAS_SINGLE_THREAD_MULTIPLY_ADDS + 1)
