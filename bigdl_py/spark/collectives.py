@@ -45,6 +45,7 @@ stages in one Spark job.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -52,7 +53,7 @@ import numpy as np
 
 from bigdl_py import backend
 from bigdl_py.optim.sharding import slice_bounds
-from bigdl_py.spark import wire
+from bigdl_py.spark import shuffle_records, wire
 from bigdl_py.spark.session import task_slots
 
 if TYPE_CHECKING:
@@ -87,18 +88,33 @@ def shuffle_to_owners(rdd: RDD, count: int) -> RDD:
     """``(owner, value)`` pairs to partition ``owner``: ``rdd.partitionBy(count, owner_partition)``.
 
     The one shuffle every collective and training mode uses. PySpark pickles each bucket on
-    the way in and out. A serializer that moved array buffers unpickled was built and
-    measured (2026-11-25, all_reduce N = 2: 16 MB 430 ms pickled vs 470 raw, 64 MB 1044 vs
-    1120 at load 3.6; 26 % faster only at load 13-15): no gain on a quiet machine, where the
-    JVM's shuffle write dominates, and it needed PySpark's private JVM classes
-    (``PairwiseRDD``, ``PythonPartitioner``). We keep to the public API.
+    the way in and out. Values of more than ``shuffle_records.SPLIT_ABOVE`` bytes cross in
+    records of ``shuffle_records.CHUNK_BYTES`` and are put back together before the next
+    stage sees them (:mod:`bigdl_py.spark.shuffle_records` says why and what it saves).
+    A serializer that moved array buffers unpickled was built and measured (2026-11-25,
+    all_reduce N = 2: 16 MB 430 ms pickled vs 470 raw, 64 MB 1044 vs 1120 at load 3.6):
+    no gain, and it needed PySpark's private JVM classes (``PairwiseRDD``,
+    ``PythonPartitioner``). We keep to the public API.
 
-    The JVM side is tuned by settings instead: with bigdl_py's recommended ones (Kryo,
-    ``spark.shuffle.sort.bypassMergeThreshold=1``) Spark writes these few large records with
-    its serialized shuffle writer, 4-6x less shuffle-write time than the bypass-merge writer
+    The JVM side is tuned by settings too: with bigdl_py's recommended ones (Kryo,
+    ``spark.shuffle.sort.bypassMergeThreshold=1``) Spark writes the records with its
+    serialized shuffle writer, 4-6x less shuffle-write time than the bypass-merge writer
     it picks by default (``bigdl_py.spark.session.RECOMMENDED_CONF``).
     """
-    return rdd.partitionBy(count, owner_partition)
+    partitioner = rdd.partitioner
+    if (
+        partitioner is not None
+        and partitioner.numPartitions == count
+        and partitioner.partitionFunc is owner_partition
+    ):
+        return rdd  # already where partitionBy would put it: no shuffle, nothing to split
+    split = functools.partial(
+        shuffle_records.split_large_values,
+        chunk_bytes=shuffle_records.CHUNK_BYTES,
+        split_above=shuffle_records.SPLIT_ABOVE,
+    )
+    partitioned = rdd.mapPartitionsWithIndex(split).partitionBy(count, owner_partition)
+    return partitioned.mapPartitions(shuffle_records.join_large_values, preservesPartitioning=True)
 
 
 def owner_partition(key: int) -> int:

@@ -167,7 +167,7 @@ class LocalSGD(TrainingMode):
         for index in range(len(rounds) + 1):
             rdd = rdd.mapPartitionsWithIndex(_round_stage(chain, rounds, index, fractions))
             if index < len(rounds):
-                rdd = rdd.partitionBy(chain.num_partitions, collectives.owner_partition)
+                rdd = collectives.shuffle_to_owners(rdd, chain.num_partitions)
         return rdd
 
     def rounds(self, first: int, count: int) -> list[tuple[int, int]]:
