@@ -46,9 +46,10 @@ RECOMMENDED_CONF: dict[str, str] = {
     "spark.broadcast.compress": "false",
     # Every shuffle of a PySpark RDD (partitionBy: the collectives, the training modes) moves
     # a task's pickled buckets as (Long, byte[]) records, of a few MB each (values above
-    # 1 MB cross in 256 KB chunks: bigdl_py/spark/shuffle_records.py). Below 200 reduce partitions Spark's
-    # default is the bypass-merge writer (a file per reduce partition, then concatenated),
-    # whose shuffle write took 1.1-1.4 s of a 64 MB all_reduce. Spark's serialized
+    # 1 MB cross in 256 KB chunks: bigdl_py/spark/shuffle_records.py). Below 200 reduce
+    # partitions Spark's default is the bypass-merge writer (a file per reduce partition,
+    # then concatenated), whose shuffle write took 1.1-1.4 s of a 64 MB all_reduce (whole
+    # records). Spark's serialized
     # ("unsafe") writer applies when the serializer can relocate serialized records (Kryo
     # can, Java serialization cannot) and bypass is off (threshold 1: any shuffle of 2 or
     # more partitions without map-side combine, which PySpark never asks the JVM for).
