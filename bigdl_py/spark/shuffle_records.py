@@ -14,7 +14,9 @@ ms; ``bench/RESULTS.md``).
 of buffers into a head (the value pickled with protocol 5, its buffers out of band) and
 chunks of those buffers; :func:`join_large_values` puts them back together on the reducing
 side. Small values pass through untouched. Both ends are plain generator functions on
-``(key, value)`` iterators, so they run and are tested without Spark.
+``(key, value)`` iterators, so they run and are tested without Spark. The pickles exist only
+in flight, inside one Spark job, as PySpark's own shuffle records do; nothing here reads a
+file.
 """
 
 from __future__ import annotations
