@@ -49,22 +49,22 @@ RECOMMENDED_CONF: dict[str, str] = {
     # 1 MB cross in 256 KB chunks: bigdl_py/spark/shuffle_records.py). Below 200 reduce
     # partitions Spark's default is the bypass-merge writer (a file per reduce partition,
     # then concatenated), whose shuffle write took 1.1-1.4 s of a 64 MB all_reduce (whole
-    # records). Spark's serialized
-    # ("unsafe") writer applies when the serializer can relocate serialized records (Kryo
-    # can, Java serialization cannot) and bypass is off (threshold 1: any shuffle of 2 or
-    # more partitions without map-side combine, which PySpark never asks the JVM for).
-    # Together: shuffle write 1341 -> 225 ms, all_reduce N = 2 64 MB 1881 -> 1355 ms, 16 MB
-    # 540 -> 471 ms (medians of 9, sessions alternated in one driver JVM, load 5-7 on 2
-    # cores), 256 MB 6.8 -> 4.0 s (one each, load 7-8). The threshold alone (Java
-    # serialization, sort writer): 64 MB about the same as with Kryo, but 256 MB 7.9 s. Kryo
-    # with the bypass writer was slower (64 MB 1.5-2.2 s -> 3.3-3.8 s, load 11-17).
+    # records). Spark's serialized ("unsafe") writer applies when the serializer can
+    # relocate serialized records (Kryo can, Java serialization cannot) and bypass is off
+    # (threshold 1: any shuffle of 2 or more partitions without map-side combine, which
+    # PySpark never asks the JVM for). Together: shuffle write 1341 -> 225 ms, all_reduce
+    # N = 2 64 MB 1881 -> 1355 ms, 16 MB 540 -> 471 ms (medians of 9, sessions alternated in
+    # one driver JVM, load 5-7 on 2 cores), 256 MB 6.8 -> 4.0 s (one each, load 7-8). The
+    # threshold alone (Java serialization, sort writer): 64 MB about the same as with Kryo,
+    # but 256 MB 7.9 s. Kryo with the bypass writer was slower (64 MB 1.5-2.2 s -> 3.3-3.8 s,
+    # load 11-17).
     "spark.serializer": "org.apache.spark.serializer.KryoSerializer",
     "spark.shuffle.sort.bypassMergeThreshold": "1",
     # The serialized writer copies a task's records into memory pages before it writes
     # them, so a task holds its bucket twice (the record from Python and its page; by
     # reading Spark's UnsafeShuffleWriter): 256 MB per rank at N = 2 ran out of the default
-    # 1g heap of local mode, and completed in 2g. In
-    # local mode the driver JVM runs the tasks; it takes heap only as it needs it.
+    # 1g heap of local mode, and completed in 2g. In local mode the driver JVM runs the
+    # tasks; it takes heap only as it needs it.
     # Clusters size executors in conf/spark-cluster.conf (spark.executor.memory 4g).
     "spark.driver.memory": "4g",
     # Tried and not set: spark.shuffle.checksum.enabled=false stayed within the noise (64 MB
