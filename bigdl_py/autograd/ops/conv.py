@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from bigdl_py import backend
 from bigdl_py.autograd.function import Function
-from bigdl_py.autograd.ops import conv_winograd
+from bigdl_py.autograd.ops import conv_winograd, gemm_pieces
 from bigdl_py.autograd.ops.conv_tiles import (
     MIN_THREADED_MULTIPLY_ADDS,
     for_each_tile,
@@ -293,6 +293,11 @@ def _tiles(batch, rows, columns_per_sample, array, products, samples_last=False)
     return size, on_gpu, threaded
 
 
+def _threads_share_tiles(threaded: bool, on_gpu: bool) -> bool:
+    """Whether ``for_each_tile`` will run this op's tiles on several threads at once."""
+    return threaded and not on_gpu and worker_count() > 1
+
+
 def convolve(x, weight, stride, before, padded_hw, dilation, groups: int, bias=None):
     """Cross-correlate ``x (N, C, H, W)``, zero-padded into a ``padded_hw`` frame ``before``
     rows/columns in, with ``weight (O, C/g, KH, KW)``; add ``bias``. Returns NCHW."""
@@ -315,6 +320,7 @@ def convolve(x, weight, stride, before, padded_hw, dilation, groups: int, bias=N
     )
     full_width = _full_width(stride, padded_hw[1], out_hw[1], x.shape[1])
     geometry = ((kernel_h, kernel_w), stride, dilation, out_hw, groups)
+    shared = _threads_share_tiles(threaded, on_gpu)
 
     def work(start, stop, scratch):
         if samples_last:
@@ -325,7 +331,8 @@ def convolve(x, weight, stride, before, padded_hw, dilation, groups: int, bias=N
         product = scratch_matrix(
             scratch, "product", (groups, out_channels // groups, columns.shape[2]), x.dtype, xp
         )
-        xp.matmul(grouped_weight, columns, out=product)  # (g, O/g, T*L): one GEMM per group
+        # (g, O/g, T*L): one GEMM per group, or thin ones in pieces (gemm_pieces.py)
+        gemm_pieces.matmul_into(grouped_weight, columns, product, shared)
         _store_tile(product, output, start, stop, bias, samples_last)
 
     for_each_tile(batch, size, work, on_gpu, threaded)
@@ -340,10 +347,11 @@ def _weight_gradient(columns, grouped_grad):
     two sides as the result's rows.
     """
     xp = backend.array_module(columns)
+    # Summed over the long axis in pieces when the product is thin (gemm_pieces.py).
     if columns.shape[1] >= grouped_grad.shape[1]:
-        transposed = xp.matmul(columns, xp.swapaxes(grouped_grad, -1, -2))  # (g, K, O/g)
-        return xp.swapaxes(transposed, -1, -2)
-    return xp.matmul(grouped_grad, xp.swapaxes(columns, -1, -2))  # (g, O/g, K)
+        transposed = gemm_pieces.matmul_summed(columns, xp.swapaxes(grouped_grad, -1, -2))
+        return xp.swapaxes(transposed, -1, -2)  # (g, O/g, K) from (g, K, O/g)
+    return gemm_pieces.matmul_summed(grouped_grad, xp.swapaxes(columns, -1, -2))  # (g, O/g, K)
 
 
 def convolution_weight_gradient(
@@ -514,6 +522,7 @@ def _by_col2im(grad, weight, geometry, input_hw):
     # (8x8 rows): 1.9 ms CPU with the short runs at batch 64.
     full_width = tuple(stride) == (1, 1)
     row_width = padded_w if full_width else out_hw[1]
+    shared = _threads_share_tiles(threaded, on_gpu)
 
     def work(start, stop, scratch):
         tile = stop - start
@@ -521,7 +530,7 @@ def _by_col2im(grad, weight, geometry, input_hw):
         grad_columns = scratch_matrix(
             scratch, "columns", (groups, rows // groups, grouped_grad.shape[2]), grad.dtype, xp
         )
-        xp.matmul(grouped_weight_t, grouped_grad, out=grad_columns)
+        gemm_pieces.matmul_into(grouped_weight_t, grouped_grad, grad_columns, shared)
         # Summed channel-major, like the columns, so each add reads a contiguous block
         # (1.4x faster on LeNet's second layer); one transpose copy gives NCHW at the end.
         frame_rows = padded_h + 1 if full_width else padded_h  # one slack row for the spill
