@@ -8,6 +8,7 @@ package works on a machine without it.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -219,9 +220,9 @@ def cpu_count() -> int:
 # ms wall.
 MMAP_THRESHOLD_BYTES = 64 << 20  # arrays below this come from the heap and go back to it
 TRIM_THRESHOLD_BYTES = 256 << 20  # freed memory kept at the heap's top before returning it
-_allocator_tuned: list[bool] = []
 
 
+@functools.cache
 def keep_freed_memory() -> bool:
     """Let glibc keep freed memory for reuse instead of returning it to the OS at once.
 
@@ -236,12 +237,9 @@ def keep_freed_memory() -> bool:
     832 minor faults, in its Tanh's and max-pool gradient's 2.4 MB arrays, and 11.2-11.5 ms
     at one thread, 11.4-12.6 at two; with this, none, and 9.2-9.3 and 8.4-8.9 ms (separate
     processes run A B A B, 50 steps each, load < 1, 2026-11-25). The cost: up to
-    ``TRIM_THRESHOLD_BYTES`` of freed memory
-    stays mapped. Returns whether the settings are applied (False where the C library is
-    not glibc).
+    ``TRIM_THRESHOLD_BYTES`` of freed memory stays mapped. Returns whether the settings are
+    applied (False where the C library is not glibc); later calls return the first answer.
     """
-    if _allocator_tuned:
-        return _allocator_tuned[0]
     applied = False
     try:
         import ctypes
@@ -255,7 +253,6 @@ def keep_freed_memory() -> bool:
         applied = bool(mallopt(m_mmap_threshold, MMAP_THRESHOLD_BYTES)) and bool(
             mallopt(m_trim_threshold, TRIM_THRESHOLD_BYTES)
         )
-    _allocator_tuned.append(applied)
     return applied
 
 

@@ -129,6 +129,6 @@ def matmul_summed(a, b):
     piece = xp.empty_like(out)
     for start in range(width, inner, width):
         stop = min(start + width, inner)
-        xp.matmul(a[..., start:stop], b[..., start:stop, :], out=piece[..., :, :])
+        xp.matmul(a[..., start:stop], b[..., start:stop, :], out=piece)
         out += piece
     return out
