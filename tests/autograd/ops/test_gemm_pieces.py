@@ -14,7 +14,9 @@ from bigdl_py.autograd.ops import conv, gemm_pieces
 @pytest.fixture
 def pieces(monkeypatch):
     """Pieces on any BLAS (the rules, not the library, are under test); count the products
-    cut into pieces."""
+    cut into pieces. float32 convolutions take the im2col route these pieces belong to,
+    not oneDNN's (``conv_onednn``)."""
+    monkeypatch.setenv("BIGDL_PY_ONEDNN", "0")
     calls = []
     monkeypatch.setattr(gemm_pieces, "_small_kernels_available", lambda: True)
     real = gemm_pieces.piece_width
@@ -98,7 +100,8 @@ def test_convolutions_in_pieces_match_those_without(
     monkeypatch, rng, input_shape, weight_shape, settings
 ):
     """Forward, input and weight gradients in float32, with and without pieces, against
-    float64: the pieces change only rounding."""
+    float64: the pieces change only rounding. (im2col's route: oneDNN's is switched off.)"""
+    monkeypatch.setenv("BIGDL_PY_ONEDNN", "0")
     x = rng.standard_normal(input_shape)
     weight = rng.standard_normal(weight_shape) * 0.2
     bias = rng.standard_normal(weight_shape[0])
