@@ -638,18 +638,20 @@ def forward(x, weight, bias, stride, padding, dilation, groups, out_shape):
     return out
 
 
-def backward(x, weight, grad, geometry, with_bias, needs):
+def backward(x, weight, grad, geometry, with_bias, needs, x_shape=None):
     """``(grad_x, grad_weight, grad_bias)`` of those ``needs`` asks for (input, weight, bias),
-    or None when oneDNN does not take this geometry."""
+    or None when oneDNN does not take this geometry. For the input gradient alone ``x`` may
+    be None with its shape in ``x_shape`` (a transposed convolution's forward)."""
     stride, padding, dilation, groups = geometry
-    batch = x.shape[0]
+    x_shape = tuple(x.shape) if x is not None else tuple(x_shape)
+    batch = x_shape[0]
     if batch == 0:
         return None  # im2col's route gives the zero weight and bias gradients
     multiply_adds = grad.size * int(np.prod(weight.shape[1:]))
     size = _tiles(batch, multiply_adds, worker_count())
     settings = (with_bias, stride, padding, dilation, groups)
     first = _convolution(
-        _tile_shape(x.shape, 0, size), weight.shape, *settings, _tile_shape(grad.shape, 0, size)
+        _tile_shape(x_shape, 0, size), weight.shape, *settings, _tile_shape(grad.shape, 0, size)
     )
     if first is None:
         return None
@@ -659,13 +661,14 @@ def backward(x, weight, grad, geometry, with_bias, needs):
             first.make_backward()
     except OneDNNError:
         return None  # no gradient kernel for this geometry: im2col takes the backward
-    x = np.ascontiguousarray(x)
+    if needs[1] or needs[2]:
+        x = np.ascontiguousarray(x)
     weight = np.ascontiguousarray(weight)
     grad = np.ascontiguousarray(grad)
-    grad_x = np.empty(x.shape, dtype=np.float32) if needs[0] else None
+    grad_x = np.empty(x_shape, dtype=np.float32) if needs[0] else None
 
     def work(start, stop, scratch):
-        convolution = _tile_convolution(x.shape, weight.shape, settings, grad.shape, start, stop)
+        convolution = _tile_convolution(x_shape, weight.shape, settings, grad.shape, start, stop)
         with _one_openmp_thread(library):
             tile_gradients(convolution, start, stop, scratch)
 

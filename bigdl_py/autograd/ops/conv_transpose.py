@@ -10,6 +10,9 @@ So both directions reuse conv2d's machinery (``conv.py``) with the roles swapped
 * weight gradient: conv2d's weight gradient with the output gradient as the input and ``x``
   as the output's gradient, ``x @ columns(output gradient)^T``, tile by tile.
 
+float32 NumPy operands take the same three through oneDNN's kernels (``conv_onednn``) where
+its library is installed, as conv2d does.
+
 ``output_padding`` adds rows and columns at the bottom and right of the output (so that a
 strided transposed convolution can reach every size a conv2d's input could have had); it
 must be smaller than the stride or the dilation, as in PyTorch.
@@ -18,6 +21,7 @@ must be smaller than the stride or the dilation, as in PyTorch.
 from __future__ import annotations
 
 from bigdl_py.autograd.function import Function
+from bigdl_py.autograd.ops import conv_onednn
 from bigdl_py.autograd.ops.conv import (
     convolution_weight_gradient,
     convolve,
@@ -115,7 +119,16 @@ class ConvTranspose2d(Function):
         self.geometry = (stride, padding, dilation, groups)
         self.has_bias = bias is not None
         self.save_for_backward(x, weight)
-        output = transposed_convolution(x, weight, self.geometry, out_hw)
+        output = None
+        if conv_onednn.applies_to(x, weight, bias):
+            # conv2d's input gradient, of a conv2d whose input has this op's output shape
+            out_shape = (x.shape[0], weight.shape[1] * groups) + out_hw
+            gradients = conv_onednn.backward(
+                None, weight, x, self.geometry, False, (True, False, False), out_shape
+            )
+            output = None if gradients is None else gradients[0]
+        if output is None:
+            output = transposed_convolution(x, weight, self.geometry, out_hw)
         if bias is not None:
             output += bias.reshape(1, -1, 1, 1)
         return output
@@ -130,14 +143,26 @@ class ConvTranspose2d(Function):
             for a in (0, 1)
         )
         grad_x = grad_weight = grad_bias = None
-        if self.needs_input_grad[0]:
+        if self.has_bias and self.needs_input_grad[2]:
+            grad_bias = grad.sum(axis=(0, 2, 3))
+        if conv_onednn.applies_to(x, weight, grad):
+            # The conv2d above: grad is its input, x its output's gradient. What oneDNN
+            # declines (None) takes the im2col route below.
+            if self.needs_input_grad[0]:
+                grad_x = conv_onednn.forward(
+                    grad, weight, None, stride, padding, dilation, groups, tuple(x.shape)
+                )
+            if self.needs_input_grad[1]:
+                gradients = conv_onednn.backward(
+                    grad, weight, x, self.geometry, False, (False, True, False)
+                )
+                grad_weight = None if gradients is None else gradients[1]
+        if self.needs_input_grad[0] and grad_x is None:
             grad_x = convolve(grad, weight, stride, padding, reach, dilation, groups)
-        if self.needs_input_grad[1]:
+        if self.needs_input_grad[1] and grad_weight is None:
             # conv2d's weight gradient with the roles swapped: grad is the input, x the
             # output's gradient, so the result is (C_in, C_out/g, KH, KW), this op's layout.
             grad_weight, _ = convolution_weight_gradient(
                 grad, x, weight.shape, stride, padding, reach, dilation, groups
             )
-        if self.has_bias and self.needs_input_grad[2]:
-            grad_bias = grad.sum(axis=(0, 2, 3))
         return grad_x, grad_weight, grad_bias

@@ -34,12 +34,12 @@ CASES = [
 ]
 
 
-def gradients(x, weight, bias, settings, needs=(True, True, True), seed=7):
+def gradients(x, weight, bias, settings, needs=(True, True, True), seed=7, op=ops.conv2d):
     """Output and the gradients asked for, for a fixed random output gradient."""
     tx = Tensor(x, requires_grad=needs[0])
     tw = Tensor(weight, requires_grad=needs[1])
     tb = None if bias is None else Tensor(bias, requires_grad=needs[2])
-    output = ops.conv2d(tx, tw, tb, **settings)
+    output = op(tx, tw, tb, **settings)
     grad = np.random.default_rng(seed).standard_normal(output.shape).astype(x.dtype)
     output.backward(Tensor(grad))
     results = {"output": output.data}
@@ -98,6 +98,45 @@ def test_float32_results_match_the_float64_im2col_route(
     want = gradients(x, weight, bias, settings)  # float64: always im2col
     assert not onednn_calls
     got = gradients(*as_float32(x, weight, bias), settings)
+    assert {name for name, _ in onednn_calls} == {"forward", "weight_gradient", "input_gradient"}
+    assert_close_to_float64(got, want)
+
+
+# (id, input shape, weight shape (C_in, C_out/g, KH, KW), settings)
+TRANSPOSED_CASES = [
+    ("dcgan_upsampling", (3, 8, 4, 4), (8, 4, 4, 4), {"stride": 2, "padding": 1}),
+    (
+        "output_padding",
+        (2, 4, 5, 3),
+        (4, 3, 3, 3),
+        {"stride": 2, "padding": 1, "output_padding": 1},
+    ),
+    ("groups_dilation", (2, 4, 4, 5), (4, 2, 3, 2), {"groups": 2, "dilation": (2, 1)}),
+    (
+        "output_padding_beyond_padding",
+        (2, 3, 4, 4),
+        (3, 2, 3, 3),
+        {"stride": 3, "output_padding": 2},
+    ),
+]
+
+
+@needs_onednn
+@pytest.mark.parametrize(
+    "input_shape, weight_shape, settings",
+    [case[1:] for case in TRANSPOSED_CASES],
+    ids=[case[0] for case in TRANSPOSED_CASES],
+)
+def test_transposed_convolutions_match_the_float64_im2col_route(
+    rng, onednn_calls, input_shape, weight_shape, settings
+):
+    x, weight, _ = random_case(rng, input_shape, weight_shape, with_bias=False)
+    bias = rng.standard_normal(weight_shape[1] * settings.get("groups", 1))
+    op = ops.conv_transpose2d
+    want = gradients(x, weight, bias, settings, op=op)
+    assert not onednn_calls
+    got = gradients(*as_float32(x, weight, bias), settings, op=op)
+    # forward: conv2d's input gradient; input gradient: conv2d; weight gradient: conv2d's
     assert {name for name, _ in onednn_calls} == {"forward", "weight_gradient", "input_gradient"}
     assert_close_to_float64(got, want)
 
