@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# One-time (idempotent) set-up of a fresh machine: Fashion-MNIST from Debian, the package
-# with its test extras, and PyTorch 2.13.0 (CPU) as the optional test oracle.
+# One-time (idempotent) set-up of a fresh machine: Fashion-MNIST (and, if missing, libgomp1)
+# from Debian, the package with its test extras, and PyTorch 2.13.0 (CPU) as the optional
+# test oracle.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -13,6 +14,13 @@ if [ ! -f "$DATA_DIR/train-images-idx3-ubyte.gz" ]; then
         sudo apt-get update -qq
         sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dataset-fashion-mnist >/dev/null
     fi
+fi
+
+# oneDNN's library (the onednn-cpu-gomp wheel) runs on GNU OpenMP's runtime.
+if ! ldconfig -p 2>/dev/null | grep -q 'libgomp\.so\.1'; then
+    SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq libgomp1 >/dev/null
 fi
 
 if ! command -v java >/dev/null 2>&1; then

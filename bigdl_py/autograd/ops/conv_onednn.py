@@ -45,6 +45,7 @@ import functools
 import os
 import sys
 import threading
+import warnings
 
 import numpy as np
 
@@ -225,7 +226,13 @@ def _loaded() -> _Library | None:
         return None
     try:
         return _Library(path)
-    except (OSError, AttributeError, OneDNNError):  # not found, not oneDNN 3.x, no CPU engine
+    except (OSError, AttributeError, OneDNNError) as error:  # no libgomp, not 3.x, no engine
+        warnings.warn(
+            f"bigdl_py: oneDNN's library at {path} does not load ({error}); float32 "
+            f"convolutions take the slower im2col route (Debian: apt-get install libgomp1)",
+            RuntimeWarning,
+            stacklevel=2,
+        )
         return None
 
 
