@@ -20,7 +20,8 @@ before it sleeps. On the two-core bench machine a spinning worker takes a core's
 the tile threads of the ops that follow: after one two-thread 512x512 GEMM it burned 25-30 ms
 of CPU while the main thread did other work, 5 ms with ``OPENBLAS_THREAD_TIMEOUT=4``. So the
 engine's CPU ops (this module's tiles, and the GEMMs ``matmul.py`` splits the same way) never
-hand work to BLAS's own threads.
+hand work to BLAS's own threads while ops share tiles among threads (``matmul.py`` says
+when a product may).
 
 On a GPU (CuPy arrays) the whole batch is one tile and nothing is threaded.
 """
@@ -31,6 +32,7 @@ import contextlib
 import functools
 import os
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -206,6 +208,7 @@ def for_each_tile(
                 work(start, stop, scratch)
         return [scratch]
     threads = min(workers, len(tiles))
+    _last_shared[0] = time.monotonic()
     remaining = iter(tiles)
     take_lock = threading.Lock()
 
@@ -233,6 +236,20 @@ def for_each_tile(
             for future in futures:
                 future.exception()
     return scratches
+
+
+# When this process last shared an op's tiles among threads (time.monotonic()).
+_last_shared = [float("-inf")]
+# How long after that BLAS's own threads stay off limits: an OpenBLAS thread spins ~0.1 s
+# after its GEMM (the module says why that hurts the tiles), so ten times that.
+SHARED_TILES_WINDOW_SECONDS = 1.0
+
+
+def tiles_shared_recently() -> bool:
+    """Whether an op of this process shared its tiles among threads in the last
+    ``SHARED_TILES_WINDOW_SECONDS``: if none did, a spinning BLAS thread has no tile threads
+    to take a core from."""
+    return time.monotonic() - _last_shared[0] < SHARED_TILES_WINDOW_SECONDS
 
 
 def _even_tiles(batch: int, size: int, workers: int) -> list[tuple[int, int]]:

@@ -6,6 +6,13 @@ of being handed to BLAS's own threads: a woken OpenBLAS thread spins for ~0.1 s 
 GEMM and takes a core from the tiles of the ops that come next (``conv_tiles`` gives the
 numbers). 2-d products (``Linear``'s three, a 2-d ``matmul``) are split along the longer
 side of the result, stacks of matrices along their leading axis.
+
+One exception: a 2-d product too small to split, in a process whose ops have shared no
+tiles among threads for a second (``conv_tiles.tiles_shared_recently``), goes to BLAS at
+its own thread limit: a spinning BLAS thread then has no tile thread to slow down, and
+OpenBLAS's two threads took NCF's (1024, 64) @ (64, 32) in 26 us against 48-54 on one. NCF's
+step at two threads: 1.6 -> 1.4 ms (``bench/engine.py``, two runs each, alternated); the
+MLP, LeNet-5 and the BiLSTM share tiles every step and keep the hold.
 """
 
 from __future__ import annotations
@@ -14,7 +21,12 @@ import numpy as np
 
 from bigdl_py import backend
 from bigdl_py.autograd.function import Function
-from bigdl_py.autograd.ops.conv_tiles import blas_is_openblas, for_each_tile, worker_count
+from bigdl_py.autograd.ops.conv_tiles import (
+    blas_is_openblas,
+    for_each_tile,
+    tiles_shared_recently,
+    worker_count,
+)
 
 # Multiply-adds below which a product runs whole on the calling thread: handing out its
 # parts costs ~0.1 ms, about what one thread takes for a product of this size.
@@ -45,13 +57,17 @@ def matmul_2d(a, b):
         return a @ b
     if _runs_on_one_blas_thread(rows * columns * inner):
         return a @ b
+    split = rows * columns * inner >= _MIN_SPLIT_MULTIPLY_ADDS
+    if not split and not tiles_shared_recently():
+        # A product too small to split, in a model whose ops share no tiles among threads
+        # (NCF's, a small MLP's): BLAS's own threads may take it. Its (1024, 64) @ (64, 32)
+        # took 26 us on OpenBLAS's two threads against 48-54 held to one.
+        return a @ b
     xp = backend.array_module(a)
     out = xp.empty((rows, columns), dtype=xp.result_type(a, b))
     by_rows = rows >= columns
     extent = rows if by_rows else columns
-    size = extent
-    if rows * columns * inner >= _MIN_SPLIT_MULTIPLY_ADDS:
-        size = -(-extent // workers)
+    size = -(-extent // workers) if split else extent
 
     def work(start, stop, _scratch):
         if by_rows:

@@ -50,18 +50,59 @@ def test_split_products_equal_one_gemm(
     assert blas_threads_seen == [1, 1]
 
 
-def test_a_product_too_small_to_split_runs_with_blas_held_to_one_thread(rng, blas_threads_seen):
-    # Above OpenBLAS's own one-thread bound (2**18 multiply-adds), below the split's.
+@pytest.fixture
+def tiles_shared(monkeypatch):
+    """Set whether an op shared its tiles among threads within the window (True) or never."""
+
+    def set_shared(recently: bool):
+        when = conv_tiles.time.monotonic() if recently else float("-inf")
+        monkeypatch.setattr(conv_tiles, "_last_shared", [when])
+
+    return set_shared
+
+
+def test_a_product_too_small_to_split_runs_with_blas_held_to_one_thread(
+    rng, blas_threads_seen, tiles_shared
+):
+    # Above OpenBLAS's own one-thread bound (2**18 multiply-adds), below the split's, in a
+    # process whose ops share tiles among threads.
+    tiles_shared(True)
     a, b = rng.standard_normal((64, 64)), rng.standard_normal((64, 128))
     with backend.blas_threads(2):
         matmul.matmul_2d(a, b)
     assert blas_threads_seen == [1]
 
 
+def test_without_shared_tiles_a_product_too_small_to_split_is_left_to_blas(
+    rng, blas_threads_seen, tiles_shared
+):
+    # No op shared tiles in the window (NCF's step): no tile thread for a spinning BLAS
+    # thread to slow down, so BLAS's own threads may take the product.
+    tiles_shared(False)
+    a, b = rng.standard_normal((64, 64)), rng.standard_normal((64, 128))
+    with backend.blas_threads(2):
+        product = matmul.matmul_2d(a, b)
+    np.testing.assert_array_equal(product, a @ b)
+    assert blas_threads_seen == []  # ``a @ b`` at BLAS's own limit, not held
+
+
+def test_tiles_shared_among_threads_open_the_window_and_one_tile_does_not(tiles_shared):
+    tiles_shared(False)
+    with backend.blas_threads(2):
+        conv_tiles.for_each_tile(1, 1, lambda start, stop, scratch: None)
+        assert not conv_tiles.tiles_shared_recently()  # one tile: the calling thread alone
+        conv_tiles.for_each_tile(4, 2, lambda start, stop, scratch: None)
+    assert conv_tiles.tiles_shared_recently()
+
+
 @pytest.mark.parametrize("openblas", [True, False], ids=["openblas", "other_blas"])
-def test_a_product_openblas_runs_alone_is_not_held(monkeypatch, rng, openblas, blas_threads_seen):
+def test_a_product_openblas_runs_alone_is_not_held(
+    monkeypatch, rng, openblas, blas_threads_seen, tiles_shared
+):
     # 4 x 3 x 5 multiply-adds: OpenBLAS takes no second thread for it, so the thread limit
-    # is left as it is; another BLAS (its rule unknown) is still held to one thread.
+    # is left as it is; another BLAS (its rule unknown) is still held to one thread while
+    # ops share tiles among threads.
+    tiles_shared(True)
     monkeypatch.setattr(matmul, "blas_is_openblas", lambda: openblas)
     a, b = rng.standard_normal((4, 3)), rng.standard_normal((3, 5))
     with backend.blas_threads(2):
