@@ -414,8 +414,9 @@ class _Convolution:
             dnnl.dnnl_memory_desc_destroy(md)
 
     def make_backward(self) -> None:
-        """Make the gradients' primitives (once; the first backward of any thread)."""
-        with self._backward_lock:
+        """Make the gradients' primitives (once; the first backward of any thread), on one
+        OpenMP thread like every primitive here."""
+        with self._backward_lock, _one_openmp_thread(self.library):
             if self._backward_ready:
                 return
             x_any, weight_any, y_any = self.anys
@@ -664,8 +665,7 @@ def backward(x, weight, grad, geometry, with_bias, needs, x_shape=None):
         return None
     library = _loaded()
     try:
-        with _one_openmp_thread(library):
-            first.make_backward()
+        first.make_backward()
     except OneDNNError:
         return None  # no gradient kernel for this geometry: im2col takes the backward
     if needs[1] or needs[2]:
@@ -731,8 +731,8 @@ def implementations(
     )
     if convolution is None:
         return {}
-    convolution.make_backward()
     library = convolution.library
+    convolution.make_backward()
     return {
         "forward": library.implementation(convolution.forward_descriptor),
         "input_gradient": library.implementation(convolution.data_descriptor),
