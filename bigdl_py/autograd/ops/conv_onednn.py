@@ -68,9 +68,12 @@ _STREAM_IN_ORDER = 1
 _QUERY_IMPL_INFO = 8
 _QUERY_SRC, _QUERY_DIFF_SRC, _QUERY_WEIGHTS, _QUERY_DIFF_WEIGHTS = 129, 130, 131, 132
 _QUERY_DST, _QUERY_DIFF_DST = 133, 134
+_QUERY_SCRATCHPAD = 136
+_SCRATCHPAD_MODE_USER = 1
 _ARG_SRC, _ARG_DST, _ARG_WEIGHTS, _ARG_BIAS = 1, 17, 33, 41
 _ARG_DIFF_SRC, _ARG_DIFF_DST, _ARG_DIFF_WEIGHTS, _ARG_DIFF_BIAS = 129, 145, 161, 169
 _ARG_FROM, _ARG_TO = 1, 17
+_ARG_SCRATCHPAD = 80
 _STATUS_NAMES = {
     1: "out of memory",
     2: "invalid arguments",
@@ -138,6 +141,8 @@ class _Library:
             "dnnl_primitive_create": [_Pointer, _Pointer],
             "dnnl_primitive_execute": [_Pointer, _Pointer, ctypes.c_int, _Pointer],
             "dnnl_primitive_destroy": [_Pointer],
+            "dnnl_primitive_attr_create": [_Pointer],
+            "dnnl_primitive_attr_set_scratchpad_mode": [_Pointer, ctypes.c_int],
         }
         for name, argtypes in signatures.items():
             getattr(self.dnnl, name).argtypes = argtypes
@@ -145,6 +150,13 @@ class _Library:
         self.dnnl.dnnl_primitive_desc_query_md.restype = _Pointer
         self.engine = _Pointer()
         self.call("dnnl_engine_create", ctypes.byref(self.engine), _CPU_ENGINE, 0)
+        # Every primitive takes its scratch space from the caller: with the library's own
+        # (the default), a primitive may run only in the thread that made it, one call at a
+        # time, and our tiles run each primitive in whichever thread takes the tile (two
+        # threads sharing one made the bias gradient wrong, 2026-11-25).
+        self.attributes = _Pointer()
+        self.call("dnnl_primitive_attr_create", ctypes.byref(self.attributes))
+        self.call("dnnl_primitive_attr_set_scratchpad_mode", self.attributes, _SCRATCHPAD_MODE_USER)
 
     def call(self, name: str, *args) -> None:
         status = getattr(self.dnnl, name)(*args)
@@ -194,7 +206,7 @@ class _Library:
             self.engine,
             destination_md,
             self.engine,
-            None,
+            self.attributes,
         )
         return descriptor, self.primitive(descriptor)
 
@@ -333,6 +345,9 @@ class _Convolution:
         self._descriptors: list[_Pointer] = []
         self._primitives: list[_Pointer] = []
         self._memories: dict = {}
+        # primitive -> (scratchpad md, bytes); (thread, primitive) -> that thread's buffer
+        self._scratchpads: dict = {}
+        self._scratch_buffers: dict = {}
         kernel_shape = tuple(weight_shape)
         if groups > 1:  # oneDNN's grouped weights: (G, O/G, C/G, KH, KW)
             kernel_shape = (groups, weight_shape[0] // groups) + tuple(weight_shape[1:])
@@ -369,7 +384,7 @@ class _Convolution:
             self.bias_md,
             y_any,
             *self.settings,
-            None,
+            library.attributes,
         )
         self.forward_descriptor = forward
         self.forward_primitive = self._primitive(forward)
@@ -393,13 +408,23 @@ class _Convolution:
     def _primitive(self, descriptor) -> _Pointer:
         primitive = self.library.primitive(descriptor)
         self._primitives.append(primitive)
+        self._note_scratchpad(descriptor, primitive)
         return primitive
+
+    def _note_scratchpad(self, descriptor, primitive) -> None:
+        """Remember the scratch space ``primitive`` wants from its caller (may be none)."""
+        dnnl = self.library.dnnl
+        md = dnnl.dnnl_primitive_desc_query_md(descriptor, _QUERY_SCRATCHPAD, 0)
+        nbytes = dnnl.dnnl_memory_desc_get_size(md) if md else 0
+        if nbytes:
+            self._scratchpads[primitive.value] = (md, nbytes)
 
     def _layout(self, descriptor, query, plain_md, into_kernel) -> _Layout:
         layout = _Layout(self.library, descriptor, query, plain_md, into_kernel)
         if layout.reorder is not None:
             self._descriptors.append(layout.reorder[0])
             self._primitives.append(layout.reorder[1])
+            self._note_scratchpad(*layout.reorder)
         return layout
 
     def __del__(self):
@@ -428,7 +453,7 @@ class _Convolution:
                 y_any,
                 *self.settings,
                 self.forward_descriptor,
-                None,
+                self.library.attributes,
             )
             weights = self._descriptor(
                 "dnnl_convolution_backward_weights_primitive_desc_create",
@@ -439,7 +464,7 @@ class _Convolution:
                 y_any,
                 *self.settings,
                 self.forward_descriptor,
-                None,
+                self.library.attributes,
             )
             self.data_primitive = self._primitive(data)
             self.weights_primitive = self._primitive(weights)
@@ -457,6 +482,14 @@ class _Convolution:
         """Execute ``primitive`` on ``(argument, memory descriptor, array)`` triples."""
         library = self.library
         ident = threading.get_ident()
+        scratchpad = self._scratchpads.get(primitive.value)
+        if scratchpad is not None:  # this thread's own buffer (see _Library)
+            buffer = self._scratch_buffers.get((ident, primitive.value))
+            if buffer is None:
+                buffer = self._scratch_buffers[ident, primitive.value] = _aligned_empty(
+                    scratchpad[1]
+                )
+            arguments = [*arguments, (_ARG_SCRATCHPAD, scratchpad[0], buffer)]
         pairs = (_ExecArg * len(arguments))()
         for index, (argument, md, array) in enumerate(arguments):
             key = (ident, argument, md.value if isinstance(md, _Pointer) else md)
