@@ -28,8 +28,10 @@ during each call), as the im2col route does. Why not oneDNN's own OpenMP team:
 - libgomp is not fork-safe: a child forked from a process that ran a team hangs in its
   own first team (tried with this wheel), and one-task's replicas are forked children.
 The OpenMP setting of the calling thread is restored after each call (the runtime may be
-PyTorch's). The tiles cost little: that layer's forward took 7.4 ms in two tiles against
-6.2 on a two-thread team.
+PyTorch's). Each thread passes its own scratch space to the primitives it runs (oneDNN's
+user scratchpad mode): with the library's own, a primitive may run only in the thread that
+made it, and never twice at once. The tiles cost little: that layer's forward took 7.4 ms
+in two tiles against 6.2 on a two-thread team.
 
 When it is not used: float64 and float16 (oneDNN's CPU convolutions are float32 and
 low-precision only), CuPy arrays, empty batches, ``BIGDL_PY_ONEDNN=0`` in the environment,
