@@ -61,6 +61,17 @@ def output_size(size: int, kernel: int, stride: int, padding: int, dilation: int
     return (size + 2 * padding - dilation * (kernel - 1) - 1) // stride + 1
 
 
+def output_shape(x_shape, weight_shape, stride, padding, dilation) -> tuple[int, int, int, int]:
+    """``(N, O, OH, OW)`` of a conv2d of an NCHW input with an OIHW-shaped weight."""
+    spatial = (
+        output_size(
+            x_shape[2 + axis], weight_shape[2 + axis], stride[axis], padding[axis], dilation[axis]
+        )
+        for axis in (0, 1)
+    )
+    return (x_shape[0], weight_shape[0], *spatial)
+
+
 def pad_spatial(x, padding: tuple[int, int], value: float = 0.0):
     """Pad the last two axes of ``x`` by ``padding`` on each side with ``value`` (one copy)."""
     pad_h, pad_w = padding
@@ -586,16 +597,7 @@ class Conv2d(Function):
         self.has_bias = bias is not None
         self.save_for_backward(x, weight)
         if conv_onednn.applies_to(x, weight, bias):
-            out_shape = (x.shape[0], weight.shape[0]) + tuple(
-                output_size(
-                    x.shape[2 + axis],
-                    weight.shape[2 + axis],
-                    stride[axis],
-                    padding[axis],
-                    dilation[axis],
-                )
-                for axis in (0, 1)
-            )
+            out_shape = output_shape(x.shape, weight.shape, stride, padding, dilation)
             out = conv_onednn.forward(x, weight, bias, stride, padding, dilation, groups, out_shape)
             if out is not None:
                 return out

@@ -341,7 +341,6 @@ class _Convolution:
     ):
         self.library = library
         self.x_shape = tuple(x_shape)
-        self.out_shape = tuple(out_shape)
         self.with_bias = with_bias
         self._owned_mds: list[_Pointer] = []
         self._descriptors: list[_Pointer] = []
@@ -604,17 +603,7 @@ def _convolution(x_shape, weight_shape, with_bias, stride, padding, dilation, gr
     # is made: one thread, whichever thread makes it.
     try:
         with _one_openmp_thread(library):
-            made = _Convolution(
-                library,
-                x_shape,
-                weight_shape,
-                with_bias,
-                stride,
-                padding,
-                dilation,
-                groups,
-                out_shape,
-            )
+            made = _Convolution(library, *key, tuple(out_shape))
     except OneDNNError:
         made = None  # e.g. a geometry no kernel implements: im2col takes it
     with _geometries_lock:
@@ -752,15 +741,9 @@ def implementations(
     x_shape, weight_shape, stride=(1, 1), padding=(0, 0), dilation=(1, 1), groups=1
 ) -> dict[str, str]:
     """oneDNN's kernel names for a geometry's forward and gradients (for benchmarks' notes)."""
-    from bigdl_py.autograd.ops.conv import output_size
+    from bigdl_py.autograd.ops.conv import output_shape
 
-    out_hw = [
-        output_size(
-            x_shape[2 + axis], weight_shape[2 + axis], stride[axis], padding[axis], dilation[axis]
-        )
-        for axis in (0, 1)
-    ]
-    out_shape = (x_shape[0], weight_shape[0], *out_hw)
+    out_shape = output_shape(x_shape, weight_shape, stride, padding, dilation)
     convolution = _convolution(
         x_shape, weight_shape, False, stride, padding, dilation, groups, out_shape
     )

@@ -202,19 +202,6 @@ def test_matches_torch_on_a_cifar_layer(torch, rng):
         assert error < 1e-5, f"{name}: relative error {error:.2e}"
 
 
-@needs_onednn
-def test_an_empty_float32_batch_gives_zero_weight_and_bias_gradients():
-    x = Tensor(np.zeros((0, 3, 5, 5), dtype=np.float32), requires_grad=True)
-    weight = Tensor(np.ones((4, 3, 3, 3), dtype=np.float32), requires_grad=True)
-    bias = Tensor(np.ones(4, dtype=np.float32), requires_grad=True)
-    output = ops.conv2d(x, weight, bias, padding=1)
-    assert output.shape == (0, 4, 5, 5)
-    output.sum().backward()
-    assert x.grad.shape == (0, 3, 5, 5)
-    np.testing.assert_array_equal(weight.grad.numpy(), np.zeros((4, 3, 3, 3)))
-    np.testing.assert_array_equal(bias.grad.numpy(), np.zeros(4))
-
-
 def test_float64_float16_and_non_numpy_operands_keep_to_im2col():
     x = np.zeros((1, 1, 3, 3), dtype=np.float32)
     assert not conv_onednn.applies_to(x.astype(np.float64), x)
