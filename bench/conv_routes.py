@@ -24,7 +24,7 @@ import numpy as np
 
 from bigdl_py import backend
 from bigdl_py.autograd import Tensor, ops
-from bigdl_py.autograd.ops import conv_onednn
+from bigdl_py.autograd.ops import onednn
 
 # (name, input shape, weight shape, stride, padding, needs input gradient)
 LAYERS = {
@@ -80,7 +80,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--layers", nargs="+", default=["cifar", "resnet"], choices=LAYERS)
     args = parser.parse_args()
-    if not conv_onednn.available():
+    if not onednn.available():
         raise SystemExit("conv_routes: oneDNN's library is not installed (onednn-cpu-gomp)")
     try:
         import torch
@@ -108,13 +108,11 @@ def main() -> None:
                 with backend.blas_threads(threads):
                     for _ in range(args.rounds):
                         for route in ("onednn", "im2col"):
-                            os.environ[conv_onednn.SWITCH_VARIABLE] = (
-                                "1" if route == "onednn" else "0"
-                            )
+                            os.environ[onednn.SWITCH_VARIABLE] = "1" if route == "onednn" else "0"
                             results[route].append(
                                 timed(partial(bigdl_step, x, weight, bias, *settings), args.repeats)
                             )
-                        os.environ.pop(conv_onednn.SWITCH_VARIABLE, None)
+                        os.environ.pop(onednn.SWITCH_VARIABLE, None)
                         if torch is not None:
                             tensors = [torch.from_numpy(a.copy()) for a in (x, weight, bias)]
                             results["torch"].append(

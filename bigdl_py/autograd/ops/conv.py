@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from bigdl_py import backend
 from bigdl_py.autograd.function import Function
-from bigdl_py.autograd.ops import conv_onednn, conv_winograd, gemm_pieces
+from bigdl_py.autograd.ops import conv_onednn, conv_winograd, gemm_pieces, onednn
 from bigdl_py.autograd.ops.conv_tiles import (
     MIN_THREADED_MULTIPLY_ADDS,
     for_each_tile,
@@ -596,7 +596,7 @@ class Conv2d(Function):
         self.geometry = (stride, padding, dilation, groups)
         self.has_bias = bias is not None
         self.save_for_backward(x, weight)
-        if conv_onednn.applies_to(x, weight, bias):
+        if onednn.applies_to(x, weight, bias):
             out_shape = output_shape(x.shape, weight.shape, stride, padding, dilation)
             out = conv_onednn.forward(x, weight, bias, stride, padding, dilation, groups, out_shape)
             if out is not None:
@@ -606,7 +606,7 @@ class Conv2d(Function):
     def backward(self, grad):
         x, weight = self.saved
         stride, padding, dilation, groups = self.geometry
-        if conv_onednn.applies_to(x, weight, grad):
+        if onednn.applies_to(x, weight, grad):
             needs = (
                 self.needs_input_grad[0],
                 self.needs_input_grad[1],

@@ -21,7 +21,7 @@ must be smaller than the stride or the dilation, as in PyTorch.
 from __future__ import annotations
 
 from bigdl_py.autograd.function import Function
-from bigdl_py.autograd.ops import conv_onednn
+from bigdl_py.autograd.ops import conv_onednn, onednn
 from bigdl_py.autograd.ops.conv import (
     convolution_weight_gradient,
     convolve,
@@ -120,7 +120,7 @@ class ConvTranspose2d(Function):
         self.has_bias = bias is not None
         self.save_for_backward(x, weight)
         output = None
-        if conv_onednn.applies_to(x, weight, bias):
+        if onednn.applies_to(x, weight, bias):
             # conv2d's input gradient, of a conv2d whose input has this op's output shape
             out_shape = (x.shape[0], weight.shape[1] * groups) + out_hw
             gradients = conv_onednn.backward(
@@ -145,7 +145,7 @@ class ConvTranspose2d(Function):
         grad_x = grad_weight = grad_bias = None
         if self.has_bias and self.needs_input_grad[2]:
             grad_bias = grad.sum(axis=(0, 2, 3))
-        if conv_onednn.applies_to(x, weight, grad):
+        if onednn.applies_to(x, weight, grad):
             # The conv2d above: grad is its input, x its output's gradient. What oneDNN
             # declines (None) takes the im2col route below.
             if self.needs_input_grad[0]:

@@ -11,10 +11,10 @@ import pytest
 
 from bigdl_py import backend
 from bigdl_py.autograd import Tensor, ops
-from bigdl_py.autograd.ops import conv_onednn
+from bigdl_py.autograd.ops import conv_onednn, onednn
 
 needs_onednn = pytest.mark.skipif(
-    not conv_onednn.available(), reason="oneDNN's library (onednn-cpu-gomp) is not installed"
+    not onednn.available(), reason="oneDNN's library (onednn-cpu-gomp) is not installed"
 )
 
 # (id, input shape, weight shape, settings)
@@ -204,14 +204,14 @@ def test_matches_torch_on_a_cifar_layer(torch, rng):
 
 def test_float64_float16_and_non_numpy_operands_keep_to_im2col():
     x = np.zeros((1, 1, 3, 3), dtype=np.float32)
-    assert not conv_onednn.applies_to(x.astype(np.float64), x)
-    assert not conv_onednn.applies_to(x.astype(np.float16), x)
-    assert not conv_onednn.applies_to(x, [[1.0]])
+    assert not onednn.applies_to(x.astype(np.float64), x)
+    assert not onednn.applies_to(x.astype(np.float16), x)
+    assert not onednn.applies_to(x, [[1.0]])
 
 
 @needs_onednn
 def test_the_switch_turns_the_route_off(rng, onednn_calls, monkeypatch):
-    monkeypatch.setenv(conv_onednn.SWITCH_VARIABLE, "0")
+    monkeypatch.setenv(onednn.SWITCH_VARIABLE, "0")
     x, weight, bias = as_float32(*random_case(rng, (2, 3, 5, 5), (4, 3, 3, 3)))
     gradients(x, weight, bias, {})
     assert not onednn_calls
@@ -223,9 +223,8 @@ def test_a_geometry_onednn_declines_takes_im2col_and_is_remembered(rng, monkeypa
 
     def decline(self, *args):
         made.append(args)
-        self._memories, self._primitives, self._descriptors, self._owned_mds = {}, [], [], []
-        self.library = conv_onednn._loaded()
-        raise conv_onednn.OneDNNError("oneDNN: no kernel (test)")
+        onednn.PrimitiveSet.__init__(self, onednn.loaded())
+        raise onednn.OneDNNError("oneDNN: no kernel (test)")
 
     monkeypatch.setattr(conv_onednn._Convolution, "__init__", decline)
     monkeypatch.setattr(conv_onednn, "_geometries", {})
@@ -242,7 +241,7 @@ def test_a_geometry_without_gradient_kernels_takes_im2col_for_the_backward(
     rng, onednn_calls, monkeypatch
 ):
     def decline(self):
-        raise conv_onednn.OneDNNError("oneDNN: no gradient kernel (test)")
+        raise onednn.OneDNNError("oneDNN: no gradient kernel (test)")
 
     monkeypatch.setattr(conv_onednn._Convolution, "make_backward", decline)
     x, weight, bias = random_case(rng, (2, 3, 6, 6), (4, 3, 3, 3))
@@ -254,7 +253,7 @@ def test_a_geometry_without_gradient_kernels_takes_im2col_for_the_backward(
 
 @needs_onednn
 def test_the_callers_openmp_setting_is_restored(rng):
-    gomp = conv_onednn._loaded().gomp
+    gomp = onednn.loaded().gomp
     gomp.omp_set_num_threads(3)
     try:
         x, weight, bias = as_float32(*random_case(rng, (2, 3, 5, 5), (4, 3, 3, 3)))
@@ -290,7 +289,7 @@ def test_the_library_loads_where_its_wheel_is_installed():
         importlib.metadata.distribution("onednn-cpu-gomp")
     except importlib.metadata.PackageNotFoundError:
         pytest.skip("onednn-cpu-gomp is not installed")
-    assert conv_onednn._loaded() is not None
+    assert onednn.loaded() is not None
     names = conv_onednn.implementations((4, 16, 8, 8), (16, 16, 3, 3), padding=(1, 1))
     assert set(names) == {"forward", "input_gradient", "weight_gradient"}
     assert all(names.values())
