@@ -33,7 +33,9 @@ import numpy as np
 
 from bigdl_py import backend
 from bigdl_py.autograd.function import Function
-from bigdl_py.autograd.ops import conv_tiles
+from bigdl_py.autograd.grad_mode import is_grad_enabled
+from bigdl_py.autograd.ops import conv_tiles, onednn
+from bigdl_py.nn import _lstm_onednn
 
 # Multiply-adds of one step's hidden GEMM (batch x gates*H x H) below which a
 # one-direction layer holds BLAS to one thread (2M in the bench's LSTM).
@@ -156,6 +158,12 @@ class LSTMSequence(_PooledSequence):
     def forward(
         self, x, weight_ih, weight_hh, h0, c0, bias_ih=None, bias_hh=None, batch_first=True
     ):
+        self.batch_first, self.has_bias = batch_first, bias_ih is not None
+        self.onednn_directions = None
+        if onednn.applies_to(x, weight_ih, weight_hh, h0, c0, bias_ih, bias_hh):
+            output = self._forward_onednn(x, weight_ih, weight_hh, h0, c0, bias_ih, bias_hh)
+            if output is not None:
+                return output
         xp = backend.array_module(x)
         directions, gate_width, size = weight_hh.shape
         features = weight_ih.shape[2]
@@ -195,12 +203,97 @@ class LSTMSequence(_PooledSequence):
             )
 
         _for_each_direction(x, directions, run, size * gate_width * batch)
-        self.batch_first, self.has_bias = batch_first, bias_ih is not None
         self.save_for_backward(columns, weights, gates, cells, tanh_cells)
         self.pooled = (columns, gates, cells, tanh_cells)
         return output
 
+    def _forward_onednn(self, x, weight_ih, weight_hh, h0, c0, bias_ih, bias_hh):
+        """The forward on oneDNN's LSTM, one primitive per direction (``_lstm_onednn``), or
+        None where oneDNN does not take the geometry (the NumPy recurrence does)."""
+        directions, gate_width, size = weight_hh.shape
+        batch_first = self.batch_first
+        steps, batch = (x.shape[1], x.shape[0]) if batch_first else x.shape[:2]
+        if steps == 0 or batch == 0:
+            return None
+        training = is_grad_enabled()
+        geometry = (steps, batch, x.shape[2], size)
+        sets = [
+            _lstm_onednn.direction(*geometry, reverse, batch_first, training)
+            for reverse in (False, True)[:directions]
+        ]
+        if None in sets:
+            return None
+        x, weight_ih, weight_hh, h0, c0 = map(
+            np.ascontiguousarray, (x, weight_ih, weight_hh, h0, c0)
+        )
+        if bias_ih is None:
+            bias = np.zeros((directions, gate_width), dtype=np.float32)
+        else:
+            bias = bias_ih + bias_hh
+        sequences = _pool.take(x, (directions, *x.shape[:2], size), np.float32)
+        final_hidden = np.empty((directions, batch, size), dtype=np.float32)
+        final_cell = np.empty_like(final_hidden)
+        workspaces = [
+            _lstm_onednn.empty_workspace(s, lambda shape: _pool.take(x, shape, np.float32))
+            for s in sets
+        ]
+        output = _empty_layer_layout(np, directions, steps + 2, batch, size, x.dtype, batch_first)
+        target = _time_major_blocks(output, directions, batch_first)  # (T + 2, N, D, H), a view
+        arrays = (weight_ih, weight_hh, bias, h0, c0, sequences, final_hidden, final_cell)
+
+        def run(part):
+            for d in range(part.start, part.stop):
+                workspace = None if workspaces[d] is None else workspaces[d][1]
+                _lstm_onednn.run(sets[d].forward, x, *(a[d] for a in arrays), workspace)
+                target[:steps, :, d] = _time_major_blocks(sequences[d], 1, batch_first)[:, :, 0]
+                target[steps, :, d] = final_hidden[d]
+                target[steps + 1, :, d] = final_cell[d]
+
+        _for_each_direction(x, directions, run, size * gate_width * batch)
+        self.onednn_directions = sets
+        self.save_for_backward(x, *arrays, *(w[1] for w in workspaces if w is not None))
+        self.pooled = (sequences, *(w[0] for w in workspaces if w is not None))
+        return output
+
+    def _backward_onednn(self, grad):
+        sets = self.onednn_directions
+        x, weight_ih, weight_hh, bias, h0, c0, sequences, final_hidden, final_cell = self.saved[:9]
+        workspaces = self.saved[9:]
+        directions, batch, size = final_hidden.shape
+        steps = sequences.shape[2 if self.batch_first else 1]
+        upstream = _time_major_blocks(grad, directions, self.batch_first)  # (T + 2, N, D, H)
+        grad_sequences = _pool.take(x, sequences.shape, np.float32)
+        grad_inputs = _pool.take(x, (directions, *x.shape), np.float32)
+        grad_h0, grad_c0 = np.empty_like(h0), np.empty_like(c0)
+        grad_weight_ih, grad_weight_hh = np.empty_like(weight_ih), np.empty_like(weight_hh)
+        grad_bias = np.empty_like(bias)
+
+        def run(part):
+            for d in range(part.start, part.stop):
+                time_major = _time_major_blocks(grad_sequences[d], 1, self.batch_first)
+                time_major[:, :, 0] = upstream[:steps, :, d]
+                saved = (x, weight_ih[d], weight_hh[d], bias[d], h0[d], c0[d], sequences[d])
+                saved += (final_hidden[d], final_cell[d], workspaces[d])
+                grads = (
+                    grad_sequences[d],
+                    np.ascontiguousarray(upstream[steps, :, d]),
+                    np.ascontiguousarray(upstream[steps + 1, :, d]),
+                )
+                out = (grad_inputs[d], grad_h0[d], grad_c0[d], grad_weight_ih[d])
+                out += (grad_weight_hh[d], grad_bias[d])
+                _lstm_onednn.run(sets[d].backward, saved, grads, out)
+
+        _for_each_direction(x, directions, run, size * 4 * size * batch)
+        grad_x = None
+        if self.needs_input_grad[0]:
+            grad_x = grad_inputs[0] + grad_inputs[1] if directions == 2 else grad_inputs[0].copy()
+        _pool.give(grad_sequences, grad_inputs)
+        grad_bias = grad_bias if self.has_bias else None
+        return grad_x, grad_weight_ih, grad_weight_hh, grad_h0, grad_c0, grad_bias, grad_bias
+
     def backward(self, grad):
+        if self.onednn_directions is not None:
+            return self._backward_onednn(grad)
         columns, weights, gates, cells, tanh_cells = self.saved
         xp = backend.array_module(gates)
         directions, steps, gate_width, batch = gates.shape
