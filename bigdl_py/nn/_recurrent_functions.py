@@ -18,6 +18,12 @@ each one's barrier between BLAS threads often waits for a descheduled thread (th
 per-step matmuls of the bench's LSTM took 10-30x the one-thread wall time at two threads
 under load). A one-direction layer with small steps runs with BLAS held to one thread.
 
+Float32 NumPy LSTM layers run on oneDNN's LSTM primitive instead, where its library is
+installed (``_lstm_onednn``: PyTorch's own CPU route, 1.2x faster than this recurrence on the
+bench's layer), with the same threads, one direction each; this recurrence takes float64,
+CuPy arrays, empty batches and ``BIGDL_PY_ONEDNN=0``, and is the reference the oneDNN
+route's tests compare with.
+
 The weights' gate layouts are PyTorch's: LSTM ``[i, f, g, o]``, GRU ``[r, z, n]``, stacked
 along the first axis. Inside, the GRU's arrays are ``(D, T, N, ...)``: direction, step (in
 each direction's reading order), batch; the LSTM's put the batch last. The layer-layout
