@@ -262,6 +262,8 @@ class LSTMSequence(_PooledSequence):
         return output
 
     def _backward_onednn(self, grad):
+        """The backward of ``_forward_onednn``: one oneDNN backward per direction, which
+        reads the workspace its forward filled."""
         sets = self.onednn_directions
         x, weight_ih, weight_hh, bias, h0, c0, sequences, final_hidden, final_cell = self.saved[:9]
         workspaces = self.saved[9:]
@@ -289,7 +291,7 @@ class LSTMSequence(_PooledSequence):
                 out += (grad_weight_hh[d], grad_bias[d])
                 _lstm_onednn.run(sets[d].backward, saved, grads, out)
 
-        _for_each_direction(x, directions, run, size * 4 * size * batch)
+        _for_each_direction(x, directions, run, size * weight_hh.shape[1] * batch)
         grad_x = None
         if self.needs_input_grad[0]:
             grad_x = grad_inputs[0] + grad_inputs[1] if directions == 2 else grad_inputs[0].copy()
