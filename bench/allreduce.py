@@ -9,6 +9,7 @@ Run by hand (minutes on a shared 2-core machine)::
                               [--sizes 16 64] [--n 2] [--rounds 3] [--repeats 2]
     python bench/allreduce.py algorithms [--sizes 1 4 16 64] [--n 2 4]
                               [--wire float32 bfloat16] [--repeats 6]
+    python bench/allreduce.py floor [--sizes 1 16 64] [--n 2] [--repeats 7]
 
 ``run`` starts one SparkSession (``local[2]``, ``get_spark``'s recommended settings; in
 local mode the tasks run in the driver JVM, whose heap is ``spark.driver.memory`` of
@@ -47,11 +48,23 @@ one SparkContext after ``--warm-s`` of all-reduces: for each N, wire dtype and s
 untimed job of each, then ``--repeats`` pairs alternating which goes first. It reports the
 median wall time of the job (making the arrays, all_reduce, counting) and the CPU time of
 the JVM and its Python workers; ``collectives.all_reduce_algorithm``'s rule comes from it.
+
+``floor`` measures Spark's own shuffle of an all_reduce's bytes with no Python in it: a Spark
+SQL job makes, inside the JVM, the rows an ``all_to_all`` at N ranks sends (binary payloads
+of ``shuffle_records.CHUNK_BYTES``, M bytes from every rank to every rank, or to the other
+ranks only, as a route that kept each rank's own array out of the shuffle would send),
+repartitions them by destination and sums their lengths; its time is that job's minus the
+same job's without the repartition, alternated, each job on new DataFrames (a DataFrame run
+twice reuses its shuffle's map output). Spark SQL's shuffle moves rows with its own
+serializer (``UnsafeRowSerializer``), no Kryo and no socket to Python, so this is what the
+JVM's side of the route costs at the least; gloo's ``all_reduce`` of M bytes runs in the
+same process tree for the ratio.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import pickle
@@ -570,6 +583,113 @@ def algorithms(sizes, counts, wires, repeats, warm_s):
     spark.stop()
 
 
+# --- floor: Spark's own shuffle of the same bytes, without Python -----------------------------
+
+
+def _keys_for_partitions(spark, count: int) -> list[int]:
+    """For each partition p < ``count``, a long whose Spark SQL hash partitioning
+    (``pmod(hash(key), count)``) is p: repartition(count, key) then sends destination p to
+    partition p, as owner_partition does, instead of two destinations to one reducer."""
+    keys: dict[int, int] = {}
+    candidates = spark.range(0, 64 * count).selectExpr("id", f"pmod(hash(id), {count}) AS p")
+    for row in candidates.collect():
+        keys.setdefault(row["p"], row["id"])
+    if len(keys) < count:
+        raise RuntimeError(f"no key hashes to every one of {count} partitions")
+    return [keys[partition] for partition in range(count)]
+
+
+def _all_to_all_rows(spark, count, megabytes, to_self, keys):
+    """DataFrame of the rows an all_to_all at N = ``count`` sends, made in the JVM: from each
+    rank (a slice of ``spark.range``), ``megabytes`` to every rank (``to_self``) or to every
+    other rank, in payloads of ``shuffle_records.CHUNK_BYTES``; ``key`` hashes to the
+    destination (:func:`_keys_for_partitions`)."""
+    from bigdl_py.spark.shuffle_records import CHUNK_BYTES
+
+    chunks = max(1, int(megabytes * MB) // CHUNK_BYTES)
+    per_rank = (count if to_self else count - 1) * chunks
+    rank = f"CAST(id DIV {per_rank} AS INT)"  # spark.range's slices are contiguous
+    if to_self:
+        destination = f"CAST(id % {count} AS INT)"
+    else:
+        destination = f"CAST(({rank} + 1 + id % {count - 1}) % {count} AS INT)"
+    key_list = ", ".join(map(str, keys))
+    return spark.range(0, count * per_rank, 1, count).selectExpr(
+        f"{rank} AS rank",
+        # BIGINT, as spark.range's ids whose hashes picked the keys (an INT hashes otherwise).
+        f"CAST(element_at(array({key_list}), {destination} + 1) AS BIGINT) AS key",
+        # The payload depends on id, so the optimizer cannot fold it into a constant.
+        f"unhex(repeat(concat('0', CAST(id % 10 AS STRING)), {CHUNK_BYTES})) AS payload",
+    )
+
+
+def _jvm_shuffle_job(spark, count, megabytes, to_self, keys, shuffle):
+    """One job on new DataFrames: the lengths of :func:`_all_to_all_rows`'s payloads summed,
+    after a repartition by destination when ``shuffle``."""
+    from bigdl_py.spark.shuffle_records import CHUNK_BYTES
+
+    frame = _all_to_all_rows(spark, count, megabytes, to_self, keys).select("key", "payload")
+    if shuffle:
+        frame = frame.repartition(count, "key")
+    (row,) = frame.selectExpr("sum(length(payload)) AS total", "count(*) AS rows").collect()
+    if row["total"] != row["rows"] * CHUNK_BYTES:
+        raise RuntimeError("the floor job summed the wrong number of bytes")
+
+
+def floor(sizes, counts, repeats):
+    try:
+        import torch.distributed  # noqa: F401
+
+        have_torch = True
+    except ImportError:
+        have_torch = False
+    spark = _session({"spark.sql.adaptive.enabled": "false"})
+    print(
+        f"# {os.cpu_count()} CPUs, master {MASTER}, Spark SQL's shuffle of "
+        f"{_shuffle_chunk_kb()} KB rows made in the JVM, no Python; load (1/5 min) {_load()}"
+    )
+    print("| N | M (MB) | rows go to | JVM shuffle ms | gloo ms | x gloo | load |")
+    print("|---" * 7 + "|")
+    for count in counts:
+        keys = _keys_for_partitions(spark, count)
+        group = GlooGroup(count) if have_torch else None
+        try:
+            for megabytes in sizes:
+                gloo_ms = float("nan")
+                if group is not None:
+                    outcome = group.all_reduce_ms(megabytes, "float32", repeats)
+                    gloo_ms = _median(outcome) if isinstance(outcome, list) else gloo_ms
+                for to_self in (True, False):
+                    times = {True: [], False: []}  # shuffle: ms of each job
+                    for index in range(repeats + 2):  # the first two warm this size up
+                        order = (True, False) if index % 2 == 0 else (False, True)
+                        for shuffle in order:
+                            job = functools.partial(
+                                _jvm_shuffle_job, spark, count, megabytes, to_self, keys, shuffle
+                            )
+                            elapsed = _time_job(job)
+                            if index >= 2:
+                                times[shuffle].append(elapsed)
+                    shuffled, plain = times[True], times[False]
+                    net = _median(shuffled) - _median(plain)
+                    where = "every rank" if to_self else "the other ranks"
+                    print(
+                        f"| {count} | {megabytes:g} | {where} | {net:.0f} | {gloo_ms:.1f} "
+                        f"| {net / gloo_ms:.1f} | {_load()} |",
+                        flush=True,
+                    )
+        finally:
+            if group is not None:
+                group.close()
+    spark.stop()
+
+
+def _shuffle_chunk_kb() -> int:
+    from bigdl_py.spark.shuffle_records import CHUNK_BYTES
+
+    return CHUNK_BYTES >> 10
+
+
 def _parse_setting(text):
     """``name:key=value,key=value`` -> (name, {key: value}); ``name:`` is no extra setting."""
     name, colon, rest = text.partition(":")
@@ -587,7 +707,10 @@ def _parse_setting(text):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
-        "part", nargs="?", default="run", choices=("run", "breakdown", "compare", "algorithms")
+        "part",
+        nargs="?",
+        default="run",
+        choices=("run", "breakdown", "compare", "algorithms", "floor"),
     )
     parser.add_argument("--sizes", type=float, nargs="*", default=None, help="MB per rank")
     parser.add_argument("--n", type=int, nargs="*", default=None, help="ranks")
@@ -637,6 +760,8 @@ def main(argv=None):
             max(args.repeats, 2),
             args.warm_s,
         )
+    elif args.part == "floor":
+        floor(args.sizes or [1, 16, 64], args.n or [2], max(args.repeats, 7))
     elif args.part == "breakdown":
         breakdown(args.sizes or [16, 64], args.n or [2], max(args.repeats, 3), args.warm_s, extra)
     else:

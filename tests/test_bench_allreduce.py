@@ -1,4 +1,5 @@
-"""The helpers of ``bench/allreduce.py compare`` that decide what its numbers mean."""
+"""The helpers of ``bench/allreduce.py`` (``compare``, ``floor``) that decide what its numbers
+mean."""
 
 from __future__ import annotations
 
@@ -65,3 +66,33 @@ def test_cpu_of_descendants_counts_a_grandchild(allreduce_bench):
     finally:
         process.communicate("\n", timeout=30)
     assert used >= 250
+
+
+@pytest.mark.parametrize("count", [2, 3])
+@pytest.mark.parametrize("to_self", [True, False])
+def test_the_floor_sends_each_rank_its_share_to_the_right_partitions(
+    allreduce_bench, spark, count, to_self
+):
+    # What ``floor`` reports is the JVM's cost of an all_to_all's bytes: every rank must send
+    # the same bytes to each destination, to itself only when asked, and a repartition by
+    # key must deliver each destination's rows to that partition.
+    from bigdl_py.spark.shuffle_records import CHUNK_BYTES
+
+    keys = allreduce_bench._keys_for_partitions(spark, count)
+    rows = allreduce_bench._all_to_all_rows(spark, count, 0.5, to_self, keys)
+    delivered = (
+        rows.repartition(count, "key")
+        .selectExpr("rank", "spark_partition_id() AS destination", "length(payload) AS bytes")
+        .groupBy("rank", "destination")
+        .sum("bytes")
+        .collect()
+    )
+    sent = {(row["rank"], row["destination"]): row["sum(bytes)"] for row in delivered}
+    expected = {
+        (rank, destination): 2 * CHUNK_BYTES
+        for rank in range(count)
+        for destination in range(count)
+        if to_self or destination != rank
+    }
+    assert sent == expected
+    allreduce_bench._jvm_shuffle_job(spark, count, 0.5, to_self, keys, shuffle=True)
