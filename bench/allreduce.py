@@ -10,6 +10,7 @@ Run by hand (minutes on a shared 2-core machine)::
     python bench/allreduce.py algorithms [--sizes 1 4 16 64] [--n 2 4]
                               [--wire float32 bfloat16] [--repeats 6]
     python bench/allreduce.py floor [--sizes 1 16 64] [--n 2] [--repeats 7]
+    python bench/allreduce.py arrow [--sizes 1 16 64] [--repeats 7]
 
 ``run`` starts one SparkSession (``local[2]``, ``get_spark``'s recommended settings; in
 local mode the tasks run in the driver JVM, whose heap is ``spark.driver.memory`` of
@@ -59,6 +60,14 @@ twice reuses its shuffle's map output). Spark SQL's shuffle moves rows with its 
 serializer (``UnsafeRowSerializer``), no Kryo and no socket to Python, so this is what the
 JVM's side of the route costs at the least; gloo's ``all_reduce`` of M bytes runs in the
 same process tree for the ratio.
+
+``arrow`` tries the other public route for Python data through a shuffle: DataFrames whose
+Python side is ``mapInArrow``. Each of two ranks makes its array in a ``mapInArrow`` task
+and sends it to both ranks as Arrow binary rows of ``CHUNK_BYTES`` (zero-copy views of the
+array), Spark SQL repartitions the rows by destination, and a second ``mapInArrow`` adds
+the chunks it receives into the rank's result. Jobs of that route and of
+``collectives.all_reduce`` (with the ``run`` part's job that only makes the arrays)
+alternate in one session; the table gives each whole job's median.
 """
 
 from __future__ import annotations
@@ -684,6 +693,101 @@ def floor(sizes, counts, repeats):
     spark.stop()
 
 
+# --- arrow: the all_to_all through DataFrames, Arrow in and out ------------------------------
+
+
+def _arrow_all_to_all_job(spark, keys, megabytes, chunk_bytes):
+    """One N = 2 all_to_all all_reduce (sum) of float32 arrays of ``megabytes``, made in the
+    tasks, through ``mapInArrow`` and Spark SQL's shuffle; checks every rank's result."""
+    count = len(keys)
+    elements = int(megabytes * MB) // 4
+
+    def send(batches):
+        import pyarrow as pa
+        from pyspark import TaskContext
+
+        for _ in batches:  # the one input row of this rank
+            pass
+        rank = TaskContext.get().partitionId()
+        array = np.full(elements, rank + 1.0, dtype=np.float32)
+        starts = np.arange(0, array.nbytes, chunk_bytes, dtype=np.int64)
+        positions = np.append(starts, array.nbytes).astype(np.int32)
+        payload = pa.Array.from_buffers(
+            pa.binary(),
+            len(starts),
+            [None, pa.py_buffer(positions), pa.py_buffer(array.view(np.uint8))],
+        )
+        for destination in range(count):
+            key = pa.array(np.full(len(starts), keys[destination], dtype=np.int64))
+            yield pa.RecordBatch.from_arrays(
+                [key, pa.array(starts), payload], names=["key", "offset", "payload"]
+            )
+
+    def receive(batches):
+        import pyarrow as pa
+
+        result = np.zeros(elements, dtype=np.float32)
+        for batch in batches:
+            payload = batch.column(2)
+            _, positions, data = payload.buffers()
+            positions = np.frombuffer(positions, dtype=np.int32)[payload.offset :]
+            raw = np.frombuffer(data, dtype=np.uint8)
+            for row, offset in enumerate(batch.column(1).to_numpy()):
+                chunk = raw[positions[row] : positions[row + 1]].view(np.float32)
+                part = result[offset // 4 : offset // 4 + chunk.size]
+                np.add(part, chunk, out=part)
+        yield pa.RecordBatch.from_arrays(
+            [pa.array([float(result.min())]), pa.array([float(result.max())])],
+            names=["low", "high"],
+        )
+
+    rows = spark.range(0, count, 1, count).mapInArrow(send, "key long, offset long, payload binary")
+    summed = rows.repartition(count, "key").mapInArrow(receive, "low double, high double")
+    expected = count * (count + 1) / 2
+    if any(row["low"] != expected or row["high"] != expected for row in summed.collect()):
+        raise RuntimeError("the Arrow all_to_all summed the wrong values")
+
+
+def arrow(sizes, repeats):
+    from bigdl_py.spark.shuffle_records import CHUNK_BYTES
+
+    count = 2
+    spark = _session(
+        {
+            "spark.sql.adaptive.enabled": "false",
+            # Arrow batches of at most 16 MB of chunks (Spark's default is 10,000 rows).
+            "spark.sql.execution.arrow.maxRecordsPerBatch": str((16 << 20) // CHUNK_BYTES),
+        }
+    )
+    sc = spark.sparkContext
+    keys = _keys_for_partitions(spark, count)
+    for _ in range(4):  # warm both routes up
+        _arrow_all_to_all_job(spark, keys, 4, CHUNK_BYTES)
+        _all_reduce_job(sc, count, 4, None)()
+    print(f"# {os.cpu_count()} CPUs, master {MASTER}, N = {count}; load (1/5 min) {_load()}")
+    print("| M (MB) | Arrow route job ms | RDD route job ms | make-only job ms | load |")
+    print("|---" * 5 + "|")
+    for megabytes in sizes:
+        jobs = {
+            "arrow": functools.partial(_arrow_all_to_all_job, spark, keys, megabytes, CHUNK_BYTES),
+            "rdd": _all_reduce_job(sc, count, megabytes, None),
+            "make": _make_job(sc, count, megabytes),
+        }
+        times = {name: [] for name in jobs}
+        for index in range(repeats + 1):  # the first round warms this size up
+            names = list(jobs) if index % 2 == 0 else list(jobs)[::-1]
+            for name in names:
+                elapsed = _time_job(jobs[name])
+                if index:
+                    times[name].append(elapsed)
+        print(
+            f"| {megabytes:g} | {_median(times['arrow']):.0f} | {_median(times['rdd']):.0f} "
+            f"| {_median(times['make']):.0f} | {_load()} |",
+            flush=True,
+        )
+    spark.stop()
+
+
 def _shuffle_chunk_kb() -> int:
     from bigdl_py.spark.shuffle_records import CHUNK_BYTES
 
@@ -710,7 +814,7 @@ def main(argv=None):
         "part",
         nargs="?",
         default="run",
-        choices=("run", "breakdown", "compare", "algorithms", "floor"),
+        choices=("run", "breakdown", "compare", "algorithms", "floor", "arrow"),
     )
     parser.add_argument("--sizes", type=float, nargs="*", default=None, help="MB per rank")
     parser.add_argument("--n", type=int, nargs="*", default=None, help="ranks")
@@ -760,6 +864,8 @@ def main(argv=None):
             max(args.repeats, 2),
             args.warm_s,
         )
+    elif args.part == "arrow":
+        arrow(args.sizes or [1, 16, 64], max(args.repeats, 7))
     elif args.part == "floor":
         floor(args.sizes or [1, 16, 64], args.n or [2], max(args.repeats, 7))
     elif args.part == "breakdown":

@@ -96,3 +96,10 @@ def test_the_floor_sends_each_rank_its_share_to_the_right_partitions(
     }
     assert sent == expected
     allreduce_bench._jvm_shuffle_job(spark, count, 0.5, to_self, keys, shuffle=True)
+
+
+def test_the_arrow_route_sums_every_ranks_chunks(allreduce_bench, spark):
+    # ``arrow`` times this job against collectives.all_reduce: it must compute the same sum.
+    pytest.importorskip("pyarrow")
+    keys = allreduce_bench._keys_for_partitions(spark, 2)
+    allreduce_bench._arrow_all_to_all_job(spark, keys, 0.5, 64 << 10)
