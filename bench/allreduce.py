@@ -73,6 +73,7 @@ alternate in one session; the table gives each whole job's median.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import os
@@ -230,6 +231,22 @@ class GlooGroup:
             process.join(timeout=30)
 
 
+@contextlib.contextmanager
+def _gloo_group(world: int):
+    """A :class:`GlooGroup` of ``world`` ranks for the ``with`` block, or None when torch is
+    not installed (the tables then leave gloo out)."""
+    try:
+        import torch.distributed  # noqa: F401
+    except ImportError:
+        yield None
+        return
+    group = GlooGroup(world)
+    try:
+        yield group
+    finally:
+        group.close()
+
+
 def _memcpy_ms(megabytes, repeats) -> list[float]:
     source = np.ones(int(megabytes * MB) // 4, dtype=np.float32)
     target = np.empty_like(source)
@@ -246,12 +263,6 @@ def _memcpy_ms(megabytes, repeats) -> list[float]:
 
 
 def run(sizes, counts, wires, rounds, repeats, warm_s, via, extra=None):
-    try:
-        import torch.distributed  # noqa: F401
-
-        have_torch = True
-    except ImportError:
-        have_torch = False
     spark = _session(extra)
     sc = spark.sparkContext
     started = time.perf_counter()
@@ -268,8 +279,7 @@ def run(sizes, counts, wires, rounds, repeats, warm_s, via, extra=None):
     )
     print("|---" * 10 + "|")
     for count in counts:
-        group = GlooGroup(count) if have_torch else None
-        try:
+        with _gloo_group(count) as group:
             for megabytes in sizes:
                 make_job = _make_job(sc, count, megabytes)
                 for wire_dtype in wires:
@@ -301,9 +311,6 @@ def run(sizes, counts, wires, rounds, repeats, warm_s, via, extra=None):
                         f"| {_load()} |",
                         flush=True,
                     )
-        finally:
-            if group is not None:
-                group.close()
     spark.stop()
 
 
@@ -645,51 +652,57 @@ def _jvm_shuffle_job(spark, count, megabytes, to_self, keys, shuffle):
         raise RuntimeError("the floor job summed the wrong number of bytes")
 
 
-def floor(sizes, counts, repeats):
-    try:
-        import torch.distributed  # noqa: F401
+def _alternated_times(jobs: dict, repeats: int, warm_rounds: int) -> dict[str, list[float]]:
+    """ms of ``repeats`` runs of each job in ``jobs`` (name -> callable), rounds taking the
+    jobs in turn, the order reversed every other round, after ``warm_rounds`` rounds that
+    are not counted."""
+    times: dict[str, list[float]] = {name: [] for name in jobs}
+    for index in range(warm_rounds + repeats):
+        names = list(jobs) if index % 2 == 0 else list(jobs)[::-1]
+        for name in names:
+            elapsed = _time_job(jobs[name])
+            if index >= warm_rounds:
+                times[name].append(elapsed)
+    return times
 
-        have_torch = True
-    except ImportError:
-        have_torch = False
+
+def floor(sizes, counts, repeats):
+    from bigdl_py.spark.shuffle_records import CHUNK_BYTES
+
     spark = _session({"spark.sql.adaptive.enabled": "false"})
     print(
         f"# {os.cpu_count()} CPUs, master {MASTER}, Spark SQL's shuffle of "
-        f"{_shuffle_chunk_kb()} KB rows made in the JVM, no Python; load (1/5 min) {_load()}"
+        f"{CHUNK_BYTES >> 10} KB rows made in the JVM, no Python; load (1/5 min) {_load()}"
     )
     print("| N | M (MB) | rows go to | JVM shuffle ms | gloo ms | x gloo | load |")
     print("|---" * 7 + "|")
     for count in counts:
         keys = _keys_for_partitions(spark, count)
-        group = GlooGroup(count) if have_torch else None
-        try:
+        with _gloo_group(count) as group:
             for megabytes in sizes:
                 gloo_ms = float("nan")
                 if group is not None:
                     outcome = group.all_reduce_ms(megabytes, "float32", repeats)
                     gloo_ms = _median(outcome) if isinstance(outcome, list) else gloo_ms
                 for to_self in (True, False):
-                    times = {True: [], False: []}  # shuffle: ms of each job
-                    for index in range(repeats + 2):  # the first two warm this size up
-                        order = (True, False) if index % 2 == 0 else (False, True)
-                        for shuffle in order:
-                            job = functools.partial(
-                                _jvm_shuffle_job, spark, count, megabytes, to_self, keys, shuffle
-                            )
-                            elapsed = _time_job(job)
-                            if index >= 2:
-                                times[shuffle].append(elapsed)
-                    shuffled, plain = times[True], times[False]
-                    net = _median(shuffled) - _median(plain)
+                    job = functools.partial(
+                        _jvm_shuffle_job, spark, count, megabytes, to_self, keys
+                    )
+                    times = _alternated_times(
+                        {
+                            "shuffle": functools.partial(job, True),
+                            "plain": functools.partial(job, False),
+                        },
+                        repeats,
+                        warm_rounds=2,
+                    )
+                    net = _median(times["shuffle"]) - _median(times["plain"])
                     where = "every rank" if to_self else "the other ranks"
                     print(
                         f"| {count} | {megabytes:g} | {where} | {net:.0f} | {gloo_ms:.1f} "
                         f"| {net / gloo_ms:.1f} | {_load()} |",
                         flush=True,
                     )
-        finally:
-            if group is not None:
-                group.close()
     spark.stop()
 
 
@@ -773,25 +786,13 @@ def arrow(sizes, repeats):
             "rdd": _all_reduce_job(sc, count, megabytes, None),
             "make": _make_job(sc, count, megabytes),
         }
-        times = {name: [] for name in jobs}
-        for index in range(repeats + 1):  # the first round warms this size up
-            names = list(jobs) if index % 2 == 0 else list(jobs)[::-1]
-            for name in names:
-                elapsed = _time_job(jobs[name])
-                if index:
-                    times[name].append(elapsed)
+        times = _alternated_times(jobs, repeats, warm_rounds=1)
         print(
             f"| {megabytes:g} | {_median(times['arrow']):.0f} | {_median(times['rdd']):.0f} "
             f"| {_median(times['make']):.0f} | {_load()} |",
             flush=True,
         )
     spark.stop()
-
-
-def _shuffle_chunk_kb() -> int:
-    from bigdl_py.spark.shuffle_records import CHUNK_BYTES
-
-    return CHUNK_BYTES >> 10
 
 
 def _parse_setting(text):
