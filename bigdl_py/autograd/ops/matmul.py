@@ -7,12 +7,18 @@ GEMM and takes a core from the tiles of the ops that come next (``conv_tiles`` g
 numbers). 2-d products (``Linear``'s three, a 2-d ``matmul``) are split along the longer
 side of the result, stacks of matrices along their leading axis.
 
-One exception: a 2-d product too small to split, in a process whose ops have shared no
-tiles among threads for a second (``conv_tiles.tiles_shared_recently``), goes to BLAS at
-its own thread limit: a spinning BLAS thread then has no tile thread to slow down, and
-OpenBLAS's two threads took NCF's (1024, 64) @ (64, 32) in 26 us against 48-54 on one. NCF's
-step at two threads: 1.6 -> 1.4 ms (``bench/engine.py``, two runs each, alternated); the
-MLP, LeNet-5 and the BiLSTM share tiles every step and keep the hold.
+One exception: in a process whose ops have shared no tiles among threads for a second
+(``conv_tiles.tiles_shared_recently``), a 2-d product goes to BLAS at its own thread limit,
+whatever its size: a spinning BLAS thread then has no tile thread to slow down, and
+OpenBLAS's own threads start and meet faster than ours (our hand-off costs 100-235 us a
+split product). Models made of products and element-wise ops (NCF, an MLP) stay there,
+since their products then share no tiles either; models with convolutions, attention or
+large element-wise ops share tiles every step and keep the hold. Measured at two threads
+(``bench/engine.py``'s pattern): NCF's (1024, 64) @ (64, 32) took 26 us on OpenBLAS's two
+threads against 48-54 held to one (NCF's step 1.6 -> 1.4 ms, when only the products too
+small to split went to BLAS); the MLP's step with its split products left to BLAS too
+6.30 ms against 6.97 held (PyTorch 5.84; medians of 200 steps, the two rules alternated in
+blocks in one process, 2026-11-27).
 """
 
 from __future__ import annotations
@@ -55,14 +61,11 @@ def matmul_2d(a, b):
     workers = 1 if backend.is_cupy_array(a) else worker_count()
     if workers == 1 or rows == 0 or columns == 0:
         return a @ b
-    if _runs_on_one_blas_thread(rows * columns * inner):
+    if _runs_on_one_blas_thread(rows * columns * inner) or not tiles_shared_recently():
+        # No op of this model shares tiles among threads (NCF's, an MLP's): BLAS's own
+        # threads take the product, whatever its size (see the module).
         return a @ b
     split = rows * columns * inner >= _MIN_SPLIT_MULTIPLY_ADDS
-    if not split and not tiles_shared_recently():
-        # A product too small to split, in a model whose ops share no tiles among threads
-        # (NCF's, a small MLP's): BLAS's own threads may take it. Its (1024, 64) @ (64, 32)
-        # took 26 us on OpenBLAS's two threads against 48-54 held to one.
-        return a @ b
     xp = backend.array_module(a)
     out = xp.empty((rows, columns), dtype=xp.result_type(a, b))
     by_rows = rows >= columns

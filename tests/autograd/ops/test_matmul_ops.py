@@ -33,10 +33,12 @@ def blas_threads_seen(monkeypatch):
     ids=["split_by_rows", "split_by_columns", "columns_of_a_transposed_operand"],
 )
 def test_split_products_equal_one_gemm(
-    monkeypatch, rng, a_shape, b_shape, transposed_b, blas_threads_seen
+    monkeypatch, rng, a_shape, b_shape, transposed_b, blas_threads_seen, tiles_shared
 ):
     # Split even these small products (the threshold is for speed, not for results); each
-    # part's GEMM writes its own rows or columns of the result.
+    # part's GEMM writes its own rows or columns of the result. Products are split only in
+    # a process whose ops share tiles among threads.
+    tiles_shared(True)
     monkeypatch.setattr(matmul, "_MIN_SPLIT_MULTIPLY_ADDS", 1)
     monkeypatch.setattr(matmul, "_OPENBLAS_SINGLE_THREAD_MULTIPLY_ADDS", 0)
     a = rng.standard_normal(a_shape)
@@ -73,17 +75,21 @@ def test_a_product_too_small_to_split_runs_with_blas_held_to_one_thread(
     assert blas_threads_seen == [1]
 
 
-def test_without_shared_tiles_a_product_too_small_to_split_is_left_to_blas(
-    rng, blas_threads_seen, tiles_shared
+@pytest.mark.parametrize("split", [False, True], ids=["too_small_to_split", "large"])
+def test_without_shared_tiles_a_product_is_left_to_blas(
+    monkeypatch, rng, blas_threads_seen, tiles_shared, split
 ):
-    # No op shared tiles in the window (NCF's step): no tile thread for a spinning BLAS
-    # thread to slow down, so BLAS's own threads may take the product.
+    # No op shared tiles in the window (NCF's step, an MLP's): no tile thread for a spinning
+    # BLAS thread to slow down, so BLAS's own threads take the product, whatever its size.
     tiles_shared(False)
+    if split:
+        monkeypatch.setattr(matmul, "_MIN_SPLIT_MULTIPLY_ADDS", 1)
     a, b = rng.standard_normal((64, 64)), rng.standard_normal((64, 128))
     with backend.blas_threads(2):
         product = matmul.matmul_2d(a, b)
     np.testing.assert_array_equal(product, a @ b)
     assert blas_threads_seen == []  # ``a @ b`` at BLAS's own limit, not held
+    assert not conv_tiles.tiles_shared_recently()  # and it shared no tiles itself
 
 
 def test_tiles_shared_among_threads_open_the_window_and_one_tile_does_not(tiles_shared):
