@@ -15,6 +15,8 @@ from bigdl_py.autograd.ops.misc import add_rows, row_sums
         pytest.param([*range(20), 5, 19], id="few_repeats"),
         pytest.param([4, 0, 2], id="unique"),
         pytest.param([2, 2, 2, 2], id="one_index_only"),
+        # A first round of rows, then nine repeats of one index: summed sorted.
+        pytest.param([0] * 10 + list(range(1, 11)), id="rounds_then_sorted"),
         pytest.param([], id="empty"),
     ],
 )
@@ -32,7 +34,7 @@ def test_row_sums_add_every_repeated_index(index):
 
 @pytest.mark.parametrize("index_dtype", [np.int32, np.uint16, np.int64])
 def test_row_sums_of_rows_with_several_axes_and_narrow_indices(index_dtype):
-    # The repeats' flat element indices are built in intp whatever the index dtype.
+    # Narrow index dtypes index the claimant array and the table as int64 ids do.
     rng = np.random.default_rng(1)
     index = rng.integers(0, 40, size=30).astype(index_dtype)
     rows = rng.standard_normal((30, 2, 3))
