@@ -69,7 +69,9 @@ def test_relu_and_tanh_split_over_threads_match_the_whole_array(monkeypatch, rng
             lambda length, size, work: parts.append(size) or real_for_each_tile(length, size, work),
         )
         split = run()
-    assert parts == [3, 3]  # 5 samples as 3 + 2, forward and backward
+    # 5 samples as 3 + 2, forward and backward; ReLU's forward splits its 60 values 30 + 30
+    # (it runs on the flattened array, against a row of zeros).
+    assert parts == ([30, 3] if name == "relu" else [3, 3])
     for got, want in zip(split, whole, strict=True):
         np.testing.assert_array_equal(got, want)
 
@@ -81,3 +83,16 @@ def test_relu_and_tanh_of_a_zero_dimensional_tensor():
     y = Tensor(np.float32(0.5), requires_grad=True)
     ops.tanh(y).backward()
     np.testing.assert_allclose(y.grad.numpy(), 1 - np.tanh(0.5) ** 2, rtol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("contiguous", [True, False], ids=["contiguous", "strided"])
+def test_relu_forward_equals_numpy_maximum_across_its_pieces(rng, dtype, contiguous):
+    # Contiguous float arrays are compared with a row of zeros in pieces of 64K values: an
+    # input of two pieces and a remainder, with NaN and both zeros, against np.maximum.
+    values = rng.standard_normal((3, 2 * 43_691 + 2)).astype(dtype)
+    values[0, :3] = [np.nan, -0.0, 0.0]
+    if not contiguous:
+        values = values[:, ::2]
+    got = ops.relu(Tensor(values, _copy=False)).numpy()
+    np.testing.assert_array_equal(got, np.maximum(values, 0))
