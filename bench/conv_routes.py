@@ -2,9 +2,10 @@
 
 Run by hand: ``python bench/conv_routes.py [--threads 2 1] [--repeats 9] [--layers cifar resnet]``.
 
-For each layer of ``bench/engine.py``'s CIFAR CNN (batch 64) and ResNet-18's distinct
-geometries (batch 64): ``conv2d`` forward, then backward with a ones output gradient (input,
-weight and bias gradients; the first layer of each model needs no input gradient), on
+For each layer of ``bench/engine.py``'s CIFAR CNN (batch 64), LeNet-5 (batch 128, with
+``--layers lenet``) and ResNet-18's distinct geometries (batch 64): ``conv2d`` forward, then
+backward with a ones output gradient (input, weight and bias gradients; the first layer of
+each model needs no input gradient), on
 bigdl_py's oneDNN route (``conv_onednn``), its im2col route (``BIGDL_PY_ONEDNN=0``), and
 ``torch.nn.functional.conv2d`` at the same thread count. The three take turns, each timed
 ``--repeats`` times after one untimed call, over ``--rounds`` rounds; the table gives each
@@ -33,6 +34,10 @@ LAYERS = {
         ("cifar conv2 32->32 32x32", (64, 32, 32, 32), (32, 32, 3, 3), 1, 1, True),
         ("cifar conv3 32->64 16x16", (64, 32, 16, 16), (64, 32, 3, 3), 1, 1, True),
         ("cifar conv4 64->64 16x16", (64, 64, 16, 16), (64, 64, 3, 3), 1, 1, True),
+    ],
+    "lenet": [
+        ("lenet conv1 1->6 28x28", (128, 1, 28, 28), (6, 1, 5, 5), 1, 0, False),
+        ("lenet conv2 6->12 12x12", (128, 6, 12, 12), (12, 6, 5, 5), 1, 0, True),
     ],
     "resnet": [
         ("resnet stem 3->64 32x32", (64, 3, 32, 32), (64, 3, 3, 3), 1, 1, False),
