@@ -96,7 +96,7 @@ class Function:
         tensors = inputs
         for value in inputs:
             if not isinstance(value, tensor_class):
-                tensors = _as_tensors(inputs, cls.__name__, tensor_class)
+                tensors = _as_tensors(inputs, cls.__name__)
                 break
         _check_inputs(tensors, cls.__name__)
         function = cls()
@@ -107,9 +107,7 @@ class Function:
         edges = []
         needs = []
         for position, tensor in enumerate(tensors):
-            needed = tensor.requires_grad and (
-                differentiable is None or position in differentiable
-            )
+            needed = tensor.requires_grad and (differentiable is None or position in differentiable)
             needs.append(needed)
             if needed:
                 data = tensor.data
@@ -139,8 +137,11 @@ def _import_tensor_class():
     return Tensor
 
 
-def _as_tensors(inputs: tuple, op_name: str, Tensor) -> list:  # noqa: N803 - the class
-    """Wrap constants (Python scalars, arrays) as Tensors matching the first Tensor's dtype."""
+def _as_tensors(inputs: tuple, op_name: str) -> list:
+    """Wrap constants (Python scalars, arrays) as Tensors matching the first Tensor's dtype.
+
+    Called by ``apply`` only, which has set ``_tensor_class``."""
+    Tensor = _tensor_class  # noqa: N806 - the class
     reference = None
     for value in inputs:
         if isinstance(value, Tensor):
@@ -154,7 +155,7 @@ def _as_tensors(inputs: tuple, op_name: str, Tensor) -> list:  # noqa: N803 - th
 
 def _constant(value: Any, reference, op_name: str):
     """A constant input: Python scalars take the reference tensor's float dtype and device."""
-    Tensor = _tensor_class or _import_tensor_class()  # noqa: N806 - the class
+    Tensor = _tensor_class  # noqa: N806 - the class, set by ``apply`` (via _as_tensors)
     if value is None:
         raise TypeError(f"{op_name}: got None where a tensor or number was expected")
     if reference is None:
