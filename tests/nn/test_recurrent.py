@@ -432,4 +432,6 @@ def test_reusing_buffers_keeps_each_pending_backward_right(layer_class):
     one_at_a_time = gradients(pending_together=False)
     for _ in range(2):  # the second round runs on reused buffers
         for expected, got in zip(one_at_a_time, gradients(pending_together=True), strict=True):
-            np.testing.assert_array_equal(got, expected)
+            # A shared buffer would garble a gradient; the products' thread split (which
+            # can change with the machine's load) only moves the last bits.
+            np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-14)

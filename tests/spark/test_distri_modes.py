@@ -259,7 +259,8 @@ def test_one_task_draws_each_partitions_dropout_stream_on_its_thread(spark):
 @pytest.mark.spark
 def test_one_task_trains_the_same_on_threads_as_in_processes(spark):
     """device="auto" (a GPU where a task has one; the CPU here) keeps the second replica on
-    a thread of the task, device="cpu" forks it a process: the same weights, bit for bit."""
+    a thread of the task, device="cpu" forks it a process: the same weights, to float32
+    rounding (a thread and a forked process may split BLAS's work differently)."""
     features, labels = blobs()
 
     def run(device):
@@ -269,7 +270,7 @@ def test_one_task_trains_the_same_on_threads_as_in_processes(spark):
             return flat(optimizer.optimize())
 
     in_processes, on_threads = run("cpu"), run("auto")
-    np.testing.assert_array_equal(in_processes, on_threads)
+    assert relative_error(in_processes, on_threads) <= 1e-6
     assert relative_error(in_processes, flat(classifier())) > 1e-2
 
 
