@@ -1,5 +1,5 @@
 """The small classification problem DistriOptimizer's tests train on (not a test module;
-distri_local_cluster_job.py, run as a script beside it, imports it too).
+the local-cluster job scripts, run beside it, import it too).
 
 203 samples (no partition count divides it) of 3 Gaussian blobs in 10 dimensions, a
 10-16-3 classifier with fixed initial weights, the helpers that compare two runs, and

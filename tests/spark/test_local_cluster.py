@@ -1,4 +1,5 @@
-"""Collectives across real executor JVMs: ``local-cluster[2,1,1024]`` in a subprocess."""
+"""Real executor JVMs in a subprocess: the collectives and executors killed mid-run on
+``local-cluster[2,1,2048]``, every mode on two hosts that share no disk."""
 
 from __future__ import annotations
 
@@ -12,37 +13,55 @@ import pytest
 JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "local_cluster_job.py")
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(JOB)))
 
-# Starting a standalone master, two workers and two executor JVMs takes 20-70 s on 2 cores.
-TIMEOUT_SECONDS = 400
+# Starting a standalone master, two workers and two executor JVMs takes 20-70 s on 2 cores;
+# the application then trains three times, with an executor killed in each.
+TIMEOUT_SECONDS = 600
+KILLED_EXECUTOR_UPDATES = ["sharded", "replicated", "local-sgd:4"]
 
 
-@pytest.mark.slow
-@pytest.mark.spark
-def test_collectives_run_on_separate_executor_jvms():
-    pytest.importorskip("pyspark")
-    # Nothing Spark-specific in the environment: the pip-installed pyspark must be enough.
+def _job_environment(*paths: str) -> dict:
+    """This environment without Spark settings (the pip-installed pyspark must be enough),
+    with ``paths`` first on PYTHONPATH so that executors' Python workers import them."""
     environment = {
         key: value
         for key, value in os.environ.items()
         if not key.startswith(("SPARK_", "PYSPARK_"))
     }
-    # Only so that executors' Python workers import this checkout of bigdl_py.
     environment["PYTHONPATH"] = os.pathsep.join(
-        filter(None, [REPOSITORY, os.environ.get("PYTHONPATH")])
+        filter(None, [*paths, os.environ.get("PYTHONPATH")])
     )
+    return environment
+
+
+def _run_job(script: str, arguments: list[str], timeout: int, environment: dict) -> dict:
+    """Run a job script; its ``RESULT {json}`` line."""
     completed = subprocess.run(
-        [sys.executable, JOB],
+        [sys.executable, script, *arguments],
         capture_output=True,
         text=True,
-        timeout=TIMEOUT_SECONDS,
+        timeout=timeout,
         env=environment,
         cwd=REPOSITORY,
     )
     lines = [line for line in completed.stdout.splitlines() if line.startswith("RESULT ")]
     assert completed.returncode == 0 and lines, completed.stderr[-3000:]
-    report = json.loads(lines[-1][len("RESULT ") :])
+    return json.loads(lines[-1][len("RESULT ") :])
 
-    assert report["master"] == "local-cluster[2,1,1024]"
+
+@pytest.fixture(scope="module")
+def local_cluster_report():
+    """One local-cluster application runs every check of this module but the last (see
+    ``local_cluster_job.py``): starting one costs more than most of what it checks."""
+    pytest.importorskip("pyspark")
+    arguments = ["8", *KILLED_EXECUTOR_UPDATES]
+    return _run_job(JOB, arguments, TIMEOUT_SECONDS, _job_environment(REPOSITORY))
+
+
+@pytest.mark.slow
+@pytest.mark.spark
+def test_collectives_run_on_separate_executor_jvms(local_cluster_report):
+    report = local_cluster_report["collectives"]
+    assert report["master"] == "local-cluster[2,1,2048]"
     assert report["task_slots"] == 2
     assert report["recommended_applied"]
     assert len(report["executor_jvms"]) == 2, report["executor_jvms"]
@@ -52,36 +71,14 @@ def test_collectives_run_on_separate_executor_jvms():
     assert report["barrier_messages"] == [["0", "1"], ["0", "1"]]
 
 
-DISTRI_JOB = os.path.join(os.path.dirname(JOB), "distri_local_cluster_job.py")
-
-
 @pytest.mark.slow
 @pytest.mark.spark
-@pytest.mark.parametrize("update", ["sharded", "replicated", "local-sgd:4"])
-def test_distri_optimizer_survives_a_killed_executor(update):
+@pytest.mark.parametrize("update", KILLED_EXECUTOR_UPDATES)
+def test_distri_optimizer_survives_a_killed_executor(local_cluster_report, update):
     """Separate executor JVMs; one is SIGKILLed while the chained job of iterations 10-17
     of 30 runs, and the final weights still equal LocalOptimizer's on the same global
     batches."""
-    pytest.importorskip("pyspark")
-    environment = {
-        key: value
-        for key, value in os.environ.items()
-        if not key.startswith(("SPARK_", "PYSPARK_"))
-    }
-    environment["PYTHONPATH"] = os.pathsep.join(
-        filter(None, [REPOSITORY, os.environ.get("PYTHONPATH")])
-    )
-    completed = subprocess.run(
-        [sys.executable, DISTRI_JOB, update, "8"],
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_SECONDS,
-        env=environment,
-        cwd=REPOSITORY,
-    )
-    lines = [line for line in completed.stdout.splitlines() if line.startswith("RESULT ")]
-    assert completed.returncode == 0 and lines, completed.stderr[-3000:]
-    report = json.loads(lines[-1][len("RESULT ") :])
+    report = local_cluster_report["modes"][update]
     assert report["master"] == "local-cluster[2,1,2048]"
     assert report["partitions"] == 2
     assert report["iterations"] == 30
@@ -106,26 +103,9 @@ def test_every_mode_trains_on_separate_hosts_and_survives_losing_one():
     directories (no shared disk). Every mode trains there uninterrupted, then again while
     one host is killed mid-job; the killed host comes back empty before the next mode."""
     pytest.importorskip("pyspark")
-    environment = {
-        key: value
-        for key, value in os.environ.items()
-        if not key.startswith(("SPARK_", "PYSPARK_"))
-    }
-    environment["PYTHONPATH"] = os.pathsep.join(
-        filter(None, [REPOSITORY, os.path.dirname(JOB), os.environ.get("PYTHONPATH")])
-    )
+    environment = _job_environment(REPOSITORY, os.path.dirname(JOB))
     environment["PYSPARK_PYTHON"] = sys.executable
-    completed = subprocess.run(
-        [sys.executable, SEPARATE_HOSTS_JOB],
-        capture_output=True,
-        text=True,
-        timeout=SEPARATE_HOSTS_TIMEOUT_SECONDS,
-        env=environment,
-        cwd=REPOSITORY,
-    )
-    lines = [line for line in completed.stdout.splitlines() if line.startswith("RESULT ")]
-    assert completed.returncode == 0 and lines, completed.stderr[-3000:]
-    report = json.loads(lines[-1][len("RESULT ") :])
+    report = _run_job(SEPARATE_HOSTS_JOB, [], SEPARATE_HOSTS_TIMEOUT_SECONDS, environment)
     hosts = ["127.0.0.2", "127.0.0.3"]
     assert report["executor_hosts"] == hosts
     assert not report["share_a_disk"]
