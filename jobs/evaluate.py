@@ -50,6 +50,11 @@ def check_locations(args: argparse.Namespace) -> None:
     model or the data (or lie inside them); before the model is read or Spark starts."""
     if args.output_json is None:
         return
+    if output_checks.local_path(args.output_json) is None:
+        raise SystemExit(
+            f"--output-json {args.output_json!r} is not a local path: the driver writes it "
+            "with Python's file functions"
+        )
     problem = output_checks.locations_problem(
         [("--output-json", args.output_json)], input_locations(args)
     ) or output_checks.output_file_problem(args.output_json, "--output-json")

@@ -150,6 +150,9 @@ def test_evaluate_refuses_a_metrics_file_over_the_model_or_in_the_data(model_fol
     assert (model_folder / "model.bigdl").read_bytes() == b"model"
     fine = [model, "--input", data, "--output-json", str(tmp_path / "new" / "sub" / "m.json")]
     evaluate.check_locations(evaluate.parse_arguments(fine))
+    remote = evaluate.parse_arguments([model, "--output-json", "s3a://bucket/m.json"])
+    with pytest.raises(SystemExit, match="'s3a://bucket/m.json' is not a local path"):
+        evaluate.check_locations(remote)
 
 
 def test_uris_are_compared_as_written_and_never_meet_local_paths():
