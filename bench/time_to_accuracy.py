@@ -387,6 +387,7 @@ def run_main_job(extra: list[str], target: float) -> dict:
         "--no-progress",
         "--output",
         os.path.join("/tmp", "tta_main_job"),
+        "--overwrite",  # each round replaces the previous round's output
         *extra,
     ]
     started = time.perf_counter()

@@ -21,6 +21,7 @@ from inference_inputs import (
     InputData,
     add_data_arguments,
     check_input_location,
+    input_locations,
     load_model,
     log,
     start_spark,
@@ -44,11 +45,38 @@ def parse_arguments(argv=None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def check_locations(args: argparse.Namespace) -> None:
+    """Exit naming the problem when --output-json could not be written or would replace the
+    model or the data (or lie inside them); before the model is read or Spark starts."""
+    if args.output_json is None:
+        return
+    if output_checks.local_path(args.output_json) is None:
+        raise SystemExit(
+            f"--output-json {args.output_json!r} is not a local path: the driver writes it "
+            "with Python's file functions"
+        )
+    problem = output_checks.locations_problem(
+        [("--output-json", args.output_json)], input_locations(args)
+    ) or output_checks.output_file_problem(args.output_json, "--output-json")
+    if problem:
+        raise SystemExit(problem)
+
+
 def write_json(path: str, payload: dict) -> None:
+    """Write ``payload`` atomically, making the missing folders; should that still fail (a
+    full disk, a folder made read-only meanwhile), print the metrics before exiting so that
+    the evaluation's result is not lost."""
     from bigdl_py.nn.serialization import atomic_write
 
-    text = json.dumps(payload, indent=2).encode("utf-8")
-    atomic_write(os.path.abspath(path), lambda file: file.write(text))
+    text = json.dumps(payload, indent=2)
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        atomic_write(os.path.abspath(path), lambda file: file.write(text.encode("utf-8")))
+    except OSError as error:
+        print(text)
+        raise SystemExit(
+            f"--output-json {path!r} could not be written ({error}); the metrics are printed above"
+        ) from None
 
 
 def main(argv=None) -> dict:
@@ -58,10 +86,7 @@ def main(argv=None) -> dict:
     from bigdl_py.spark.ml import class_index_column
     from bigdl_py.train import Loss, Top1Accuracy
 
-    if args.output_json:  # before the model is read or Spark starts
-        problem = output_checks.output_file_problem(args.output_json, "--output-json")
-        if problem:
-            raise SystemExit(problem)
+    check_locations(args)
     check_input_location(args)
     model = load_model(args.model)
     spark = start_spark(args, "bigdl_py evaluate")

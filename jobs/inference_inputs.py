@@ -11,6 +11,13 @@ import time
 # Runnable from a source checkout without installing (spark-submit puts only jobs/ on the path).
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from argument_types import (  # noqa: E402
+    column_names,
+    device_request,
+    positive_integers,
+    whole_number,
+)
+
 DEFAULT_BATCH_SIZE = 512
 
 
@@ -35,45 +42,50 @@ def add_data_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--features-col",
+        type=column_names,
         default="features",
         help="feature column(s), comma-separated (default: features)",
     )
     parser.add_argument("--label-col", default="label", help="label column (default: label)")
     parser.add_argument(
         "--feature-shape",
+        type=positive_integers,
         default=None,
         help="per-row feature shape, e.g. 1,28,28 (default: the column's own; 1,28,28 for "
         "Fashion-MNIST)",
     )
-    parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE)
+    parser.add_argument(
+        "--batch-size",
+        type=whole_number(1),
+        default=DEFAULT_BATCH_SIZE,
+        help=f"rows per forward pass on an executor (default {DEFAULT_BATCH_SIZE})",
+    )
     parser.add_argument(
         "--partitions",
-        type=int,
+        type=whole_number(1),
         default=None,
-        help="partitions of the Fashion-MNIST DataFrame (default: the cluster's task slots)",
+        help="partitions of the input DataFrame (default: the Parquet files' own split; the "
+        "cluster's task slots for Fashion-MNIST)",
     )
-    parser.add_argument("--device", default="cpu", help="cpu, auto, gpu or cuda:<n>")
+    parser.add_argument(
+        "--device", type=device_request, default="cpu", help="cpu, auto, gpu or cuda:<n>"
+    )
 
 
-def feature_columns(text: str) -> str | list[str]:
-    names = [name.strip() for name in text.split(",") if name.strip()]
-    if not names:
-        raise SystemExit("--features-col names no column")
-    return names[0] if len(names) == 1 else names
+def input_locations(args: argparse.Namespace) -> list[tuple[str, str | None]]:
+    """The run's inputs as ``(option, path)``: the model, and the Parquet data or the
+    Fashion-MNIST folder (the default one only where it is found)."""
+    if args.input is not None:
+        return [("the model", args.model), ("--input", args.input)]
+    if args.data is not None:
+        return [("the model", args.model), ("--data", args.data)]
+    from bigdl_py.data import find_fashion_mnist
 
-
-def feature_shape(text: str | None) -> tuple[int, ...] | None:
-    if text is None:
-        return None
     try:
-        shape = tuple(int(size) for size in text.split(","))
-    except ValueError:
-        raise SystemExit(
-            f"--feature-shape must be integers separated by commas, got {text!r}"
-        ) from None
-    if not shape or min(shape) < 1:
-        raise SystemExit(f"--feature-shape must hold positive integers, got {text!r}")
-    return shape
+        folder = find_fashion_mnist("test")
+    except FileNotFoundError:
+        folder = None
+    return [("the model", args.model), ("the Fashion-MNIST folder", folder)]
 
 
 def check_input_location(args: argparse.Namespace) -> None:
@@ -132,7 +144,7 @@ class InputData:
             images, labels = fashion_mnist("test", args.data)
         except FileNotFoundError as error:
             raise SystemExit(str(error)) from None
-        partitions = args.partitions or task_slots(spark.sparkContext)
+        partitions = task_slots(spark.sparkContext) if args.partitions is None else args.partitions
         # The image's position in the test set travels as its own column, so predictions
         # written to Parquet can be matched to images whatever order they are read in.
         index = np.arange(len(labels), dtype=np.int64)
@@ -145,13 +157,15 @@ class InputData:
             num_partitions=partitions,
         )
         self.feature_cols = "features"
-        self.feature_shape = feature_shape(args.feature_shape) or images.shape[1:]
+        self.feature_shape = args.feature_shape or images.shape[1:]
         self.description = f"the Fashion-MNIST test set ({len(labels)} images)"
 
     def _parquet(self, spark, args, needs_labels: bool) -> None:
         self.df = spark.read.parquet(args.input)
-        self.feature_cols = feature_columns(args.features_col)
-        self.feature_shape = feature_shape(args.feature_shape)
+        if args.partitions is not None:
+            self.df = self.df.repartition(args.partitions)
+        self.feature_cols = args.features_col
+        self.feature_shape = args.feature_shape
         names = [self.feature_cols] if isinstance(self.feature_cols, str) else self.feature_cols
         if needs_labels:
             names = [*names, self.label_col]

@@ -1,7 +1,9 @@
 """Checks of the jobs' input and output locations, run before Spark starts or data is read.
 
-Every one of them guards against losing data or losing a run's result: an output that would
-replace the job's own input, an output path that is a file (the run would train for hours
+Every one of them guards against losing data or losing a run's result: an output that is,
+holds or lies inside one of the run's inputs (its model, data, resumed checkpoints) or
+another of its outputs, an existing output the run would replace unasked or that holds
+files the job does not write, an output path that is a file (the run would train for hours
 and then fail to save), a checkpoint directory holding another run's checkpoints. Each
 returns an error message (``None`` when all is well), so that a job can report it as a usage
 error and a test can call it without starting anything.
@@ -10,7 +12,9 @@ error and a test can call it without starting anything.
 from __future__ import annotations
 
 import datetime
+import fnmatch
 import os
+from collections.abc import Callable, Sequence
 
 # Kinds of run a checkpoint directory can hold, told apart by the metadata their writers
 # store (bigdl_py.train.resume for Optimizers, DistriTrainer.save_checkpoint for the GAN).
@@ -18,15 +22,20 @@ OPTIMIZER_RUN = "Optimizer"
 TRAINER_RUN = "DistriTrainer"
 
 
-def _local(path: str) -> str | None:
-    """A local path's absolute, resolved form; None for a URI (hdfs://, s3a://...)."""
+def _without_file_scheme(path: str) -> str:
     if path.startswith("file:"):
         path = path[len("file:") :]
         while path.startswith("//"):
             path = path[1:]
-    elif "://" in path:
+    return path
+
+
+def local_path(path: str) -> str | None:
+    """A local path's absolute form with every symlink resolved; None for a URI (hdfs://,
+    s3a://...). ``file:`` URIs are local paths."""
+    if "://" in path and not path.startswith("file:"):
         return None
-    return os.path.realpath(os.path.abspath(path))
+    return os.path.realpath(os.path.abspath(_without_file_scheme(path)))
 
 
 def _nearest_existing(path: str) -> str:
@@ -38,32 +47,85 @@ def _nearest_existing(path: str) -> str:
     return path
 
 
-def input_output_clash(input_path: str | None, output_path: str) -> str | None:
-    """Refuse an output that is the input, or a folder inside it, or one holding it.
+def _relation(path: str, other: str) -> str | None:
+    """How ``path`` stands to ``other``: ``"is"``, ``"holds"``, ``"lies inside"`` or None.
 
-    Spark removes an output path it overwrites before it reads the input, so the job would
-    delete its own input.
+    Local paths are compared resolved (symlinks, ``..``, ``file:``), and two existing ones
+    that are the same file by device and inode (a bind mount) are the same. URIs are compared
+    as written, less trailing slashes: two spellings of one HDFS location
+    (``hdfs:///a`` and ``hdfs://namenode/a``) are not recognised. A URI never meets a local
+    path.
     """
-    if input_path is None:
+    mine, theirs = local_path(path), local_path(other)
+    if (mine is None) != (theirs is None):
         return None
-    source, target = _local(input_path), _local(output_path)
-    if source is None or target is None:
-        same = input_path.rstrip("/") == output_path.rstrip("/")
-        return f"--output {output_path!r} is the --input; write elsewhere" if same else None
-    if source == target:
-        return f"--output {output_path!r} is the --input; writing it would delete the input"
-    if os.path.commonpath([source, target]) in (source, target):
-        inner, outer = (target, source) if target.startswith(source) else (source, target)
-        return (
-            f"--output {output_path!r} and --input {input_path!r} are nested ({inner} lies "
-            f"inside {outer}); overwriting one would delete data of the other"
-        )
+    if mine is None:
+        mine, theirs, separator = path.rstrip("/"), other.rstrip("/"), "/"
+    else:
+        separator = os.sep
+        if os.path.exists(mine) and os.path.exists(theirs) and os.path.samefile(mine, theirs):
+            return "is"
+    if mine == theirs:
+        return "is"
+    if theirs.startswith(mine.rstrip(separator) + separator):
+        return "holds"
+    if mine.startswith(theirs.rstrip(separator) + separator):
+        return "lies inside"
+    return None
+
+
+def _named(option: str, path: str) -> str:
+    """``--output 'runs/x'``, and where it really is when a symlink or ``..`` leads elsewhere."""
+    resolved = local_path(path)
+    if resolved is None or resolved == os.path.abspath(_without_file_scheme(path)):
+        return f"{option} {path!r}"
+    return f"{option} {path!r} (really {resolved})"
+
+
+def locations_problem(
+    outputs: Sequence[tuple[str, str | None]], inputs: Sequence[tuple[str, str | None]] = ()
+) -> str | None:
+    """Refuse an output that is, holds or lies inside an input, or another output.
+
+    ``outputs`` and ``inputs`` are ``(option, path)`` pairs as the user gave them (a None
+    path is skipped); an option on both lists (``--checkpoint-dir`` of a resumed run, which
+    the run reads and writes) is not compared with itself. An output replacing an input
+    would delete it (Spark removes an output it overwrites before it reads its input, and
+    the jobs replace an output folder as a whole); one inside an input would change it (a
+    stray file inside a Parquet dataset breaks reading it). Two nested outputs would have
+    the outer one's replacement delete the inner one.
+    """
+    given = [(option, path) for option, path in outputs if path is not None]
+    for option, path in given:
+        for source_option, source in inputs:
+            if source is None or source_option == option:
+                continue
+            relation = _relation(path, source)
+            if relation is not None:
+                consequence = {
+                    "is": f"writing it would destroy {source_option}",
+                    "holds": f"replacing {option} would delete {source_option}",
+                    "lies inside": f"writing it would change {source_option}",
+                }[relation]
+                return (
+                    f"{_named(option, path)} {relation} {_named(source_option, source)}: "
+                    f"{consequence}; write {option} elsewhere"
+                )
+    for index, (option, path) in enumerate(given):
+        for other_option, other in given[index + 1 :]:
+            relation = _relation(path, other)
+            if relation is not None:
+                return (
+                    f"{_named(option, path)} {relation} {_named(other_option, other)}: an "
+                    "output folder is replaced as a whole when the run completes, so give "
+                    "each output its own folder"
+                )
     return None
 
 
 def output_directory_problem(path: str, option: str = "--output") -> str | None:
     """A directory the job will create or write into: not a file, and creatable/writable."""
-    local = _local(path)
+    local = local_path(path)
     if local is None:
         return None
     if os.path.exists(local) and not os.path.isdir(local):
@@ -78,12 +140,68 @@ def output_directory_problem(path: str, option: str = "--output") -> str | None:
 
 def output_file_problem(path: str, option: str) -> str | None:
     """A file the job will write: not a directory, and its folder creatable/writable."""
-    local = _local(path)
+    local = local_path(path)
     if local is None:
         return None
     if os.path.isdir(local):
         return f"{option} {path!r} is a directory; give a file name"
     return output_directory_problem(os.path.dirname(local) or ".", f"{option}'s folder")
+
+
+def _some(names: Sequence[str], shown: int = 4) -> str:
+    listed = ", ".join(names[:shown])
+    return listed if len(names) <= shown else f"{listed} and {len(names) - shown} more"
+
+
+def existing_output_problem(
+    path: str, option: str, *, overwrite: bool, own_entry: Callable[[str, bool], bool]
+) -> str | None:
+    """Refuse to replace an existing, non-empty output folder unless asked to, and always
+    when it holds anything the job does not write.
+
+    ``own_entry(name, is_directory)`` says whether an entry of the folder is something this
+    job writes. The job replaces the folder as a whole once its new output is complete, so
+    anything else there would be deleted: those entries are named, and ``--overwrite`` does
+    not help. An empty folder is free to use. A URI is not looked at (Spark's writer refuses
+    an existing one without ``--overwrite``).
+    """
+    local = local_path(path)
+    if local is None or not os.path.isdir(local):
+        return None
+    entries = sorted(os.listdir(local))
+    foreign = [
+        name for name in entries if not own_entry(name, os.path.isdir(os.path.join(local, name)))
+    ]
+    if foreign:
+        return (
+            f"{option} {path!r} holds {_some(foreign)}, which this job does not write: "
+            f"replacing {option} would delete them; give another {option}"
+        )
+    if entries and not overwrite:
+        return (
+            f"{option} {path!r} already exists, holding an earlier run's output "
+            f"({_some(entries)}); pass --overwrite to replace it once this run's output is "
+            f"complete, or give another {option}"
+        )
+    return None
+
+
+def parquet_entry(name: str, is_directory: bool) -> bool:
+    """An entry Spark (or pyarrow) writes into a Parquet dataset folder: part files and
+    ``*.parquet`` files, Hadoop's ``_SUCCESS`` and other ``_`` files, hidden files (``.crc``
+    checksums) and ``key=value`` partition folders."""
+    if is_directory:
+        return "=" in name and not name.startswith((".", "_"))
+    return name.startswith(("part-", "_", ".")) or name.endswith(".parquet")
+
+
+def named_entries(*patterns: str) -> Callable[[str, bool], bool]:
+    """``own_entry`` for a job that writes entries of these names (``fnmatch`` patterns)."""
+
+    def own(name: str, is_directory: bool) -> bool:
+        return any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
+
+    return own
 
 
 def run_kind(metadata: dict) -> str:

@@ -15,7 +15,6 @@ back in. The model is broadcast once and each partition is batched in order
 from __future__ import annotations
 
 import argparse
-import os
 import time
 
 import output_checks
@@ -23,11 +22,13 @@ from inference_inputs import (
     InputData,
     add_data_arguments,
     check_input_location,
+    input_locations,
     load_model,
     log,
     start_spark,
     stop_spark,
 )
+from staged_output import write_parquet
 
 OUTPUTS = ("class", "probabilities", "raw")
 
@@ -47,7 +48,11 @@ def parse_arguments(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--keep-features", action="store_true", help="write the feature columns too"
     )
-    parser.add_argument("--overwrite", action="store_true", help="replace --output if it exists")
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an existing --output (once the new predictions are all written)",
+    )
     parser.add_argument(
         "--nan-rows",
         choices=("error", "null"),
@@ -59,16 +64,22 @@ def parse_arguments(argv=None) -> argparse.Namespace:
 
 
 def check_locations(args: argparse.Namespace) -> None:
-    """Exit naming the problem when the output could not be written or would destroy data.
+    """Exit naming the problem when the output could not be written or would destroy data:
+    an --output that is, holds or lies inside the model or the data, one that exists
+    (without --overwrite) or holds anything but a Parquet dataset, one that cannot be made.
 
     Run before the model is loaded or Spark starts, so a mistake costs a second.
     """
-    problem = output_checks.input_output_clash(args.input, args.output)
-    if problem is None and not args.overwrite:
-        if "://" not in args.output and os.path.exists(args.output):
-            problem = f"--output {args.output!r} already exists; pass --overwrite to replace it"
-    if problem is None and not (args.overwrite and os.path.isdir(args.output)):
-        problem = output_checks.output_directory_problem(args.output)
+    problem = (
+        output_checks.locations_problem([("--output", args.output)], input_locations(args))
+        or output_checks.output_directory_problem(args.output)
+        or output_checks.existing_output_problem(
+            args.output,
+            "--output",
+            overwrite=args.overwrite,
+            own_entry=output_checks.parquet_entry,
+        )
+    )
     if problem is not None:
         raise SystemExit(problem)
 
@@ -99,7 +110,7 @@ def main(argv=None) -> dict:
     if not args.keep_features:
         scored = scored.drop(*data.feature_names)
     started = time.perf_counter()
-    scored.write.mode("overwrite" if args.overwrite else "errorifexists").parquet(args.output)
+    write_parquet(scored, args.output, args.overwrite)
     seconds = time.perf_counter() - started
     written = spark.read.parquet(args.output)
     rows = written.count()
@@ -109,13 +120,23 @@ def main(argv=None) -> dict:
     summary = {"rows": rows, "seconds": seconds, "output": args.output}
     if args.prediction == "class":
         counts = written.groupBy(args.prediction_col).count().orderBy(args.prediction_col)
-        histogram = {int(row[0]): int(row[1]) for row in counts.collect()}
+        # --nan-rows null leaves rows without a class: counted apart, not as a class.
+        histogram, unpredicted = {}, 0
+        for value, count in counts.collect():
+            if value is None:
+                unpredicted = int(count)
+            else:
+                histogram[int(value)] = int(count)
         print("Predicted classes: " + ", ".join(f"{k}: {v}" for k, v in histogram.items()))
         summary["classes"] = histogram
-        if data.label_col in written.columns:
+        if unpredicted:
+            print(f"Rows without a prediction (NaN or Inf features): {unpredicted}")
+            summary["null_predictions"] = unpredicted
+        if data.label_col in written.columns and rows > unpredicted:
             correct = written.where(F.col(args.prediction_col) == F.col(data.label_col)).count()
-            print(f"Agreement with column {data.label_col!r}: {correct / rows:.4f}")
-            summary["agreement"] = correct / rows
+            agreement = correct / (rows - unpredicted)
+            print(f"Agreement with column {data.label_col!r}: {agreement:.4f}")
+            summary["agreement"] = agreement
     return summary
 
 

@@ -17,6 +17,10 @@ same noise, so the grids show the generator learning), the trained GAN (``gan.bi
 the loss history (``history.json``). ``--checkpoint-dir`` keeps a checkpoint after every
 epoch (weights, both optimizers' sharded state; atomic, no pickle) and ``--resume``
 continues from the newest one there.
+
+The output folder appears only when the run completes (it is written as ``.gan.partial``
+beside it until then); an existing one is replaced only with ``--overwrite`` (or continued
+with ``--resume``), and whole, so no sample grid of an earlier run stays beside the new ones.
 """
 
 from __future__ import annotations
@@ -33,7 +37,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
 import output_checks  # noqa: E402
-from training_arguments import add_training_arguments, check_training_arguments  # noqa: E402
+from argument_types import real_number, whole_number  # noqa: E402
+from training_arguments import (  # noqa: E402
+    add_training_arguments,
+    check_training_arguments,
+    run_output,
+)
 
 from bigdl_py import nn  # noqa: E402
 from bigdl_py.autograd import Tensor, no_grad  # noqa: E402
@@ -45,20 +54,32 @@ from bigdl_py.models.gan import (  # noqa: E402
     mlp_gan,
     to_gan_range,
 )
+from bigdl_py.nn.serialization import atomic_write  # noqa: E402
 from bigdl_py.optim import Adam  # noqa: E402
 from bigdl_py.spark.distri_trainer import DistriTrainer  # noqa: E402
 from bigdl_py.spark.session import get_spark, task_slots  # noqa: E402
 from bigdl_py.train import save_image_grid  # noqa: E402
 
 SAMPLES_IN_GRID = 64
+# What the job writes into --output; an existing --output holding anything else is refused.
+WRITES = ("gan.bigdl", "history.json", "samples-epoch-*.png")
 
 
 def parse_arguments(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_training_arguments(parser, epochs=5, output="runs/gan")
-    parser.add_argument("--lr", type=float, default=2e-4, help="Adam's rate, both networks")
-    parser.add_argument("--beta1", type=float, default=0.5, help="Adam's beta1, both networks")
-    parser.add_argument("--noise-size", type=int, default=64)
+    parser.add_argument(
+        "--lr", type=real_number(0), default=2e-4, help="Adam's rate, both networks"
+    )
+    parser.add_argument(
+        "--beta1",
+        type=real_number(0, 1, high_open=True),
+        default=0.5,
+        help="Adam's beta1, both networks",
+    )
+    parser.add_argument(
+        "--noise-size", type=whole_number(1), default=64, help="the generator's input size"
+    )
     parser.add_argument(
         "--model",
         choices=("mlp", "dcgan"),
@@ -67,21 +88,23 @@ def parse_arguments(argv=None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--hidden",
-        type=int,
+        type=whole_number(1),
         default=None,
         help="width of the networks: mlp's hidden units (default 256), dcgan's base channel "
         "count (default 32)",
     )
-    parser.add_argument("--log-every", type=int, default=50, help="print every N batches")
-    arguments = check_training_arguments(
-        parser, parser.parse_args(argv), kind=output_checks.TRAINER_RUN, fashion_mnist=("train",)
+    parser.add_argument(
+        "--log-every", type=whole_number(1), default=50, help="print every N batches"
     )
-    if arguments.log_every < 1:
-        parser.error("--log-every must be positive")
+    arguments = check_training_arguments(
+        parser,
+        parser.parse_args(argv),
+        writes=WRITES,
+        kind=output_checks.TRAINER_RUN,
+        fashion_mnist=("train",),
+    )
     if arguments.hidden is None:
         arguments.hidden = 256 if arguments.model == "mlp" else 32
-    if arguments.hidden < 1:
-        parser.error("--hidden must be positive")
     return arguments
 
 
@@ -98,6 +121,18 @@ def main(argv=None) -> dict:
     started = time.perf_counter()
     spark = get_spark(arguments.master, app_name="bigdl_py GAN Fashion-MNIST")
     spark.sparkContext.setLogLevel("WARN")
+    with run_output(arguments) as output:
+        history = train(arguments, spark, output)
+    minutes = (time.perf_counter() - started) / 60
+    model_path = os.path.join(arguments.output, "gan.bigdl")
+    history_path = os.path.join(arguments.output, "history.json")
+    print(f"trained in {minutes:.1f} min; model: {model_path}; history: {history_path}")
+    spark.stop()
+    return history
+
+
+def train(arguments: argparse.Namespace, spark, output: str) -> dict:
+    """Train the GAN; its sample grids, model and history go into the folder ``output``."""
     images, labels = fashion_mnist_raw("train", arguments.data)
     if arguments.limit is not None:
         images, labels = images[: arguments.limit], labels[: arguments.limit]
@@ -114,7 +149,6 @@ def main(argv=None) -> dict:
     fixed_noise = np.random.default_rng(arguments.seed).standard_normal(
         (SAMPLES_IN_GRID, arguments.noise_size), dtype=np.float32
     )
-    os.makedirs(arguments.output, exist_ok=True)
     history: dict = {"epochs": [], "discriminator_loss": [], "generator_loss": []}
     trainer = DistriTrainer(
         gan,
@@ -157,7 +191,7 @@ def main(argv=None) -> dict:
             trainer.sync_model()
             grid = save_image_grid(
                 generate(gan, fixed_noise),
-                os.path.join(arguments.output, f"samples-epoch-{epoch + 1}.png"),
+                os.path.join(output, f"samples-epoch-{epoch + 1}.png"),
             )
             history["epochs"].append(epoch + 1)
             history["discriminator_loss"].append(float(np.mean(d_losses)))
@@ -176,15 +210,9 @@ def main(argv=None) -> dict:
     finally:
         trainer.close()
 
-    model_path = os.path.join(arguments.output, "gan.bigdl")
-    nn.save(gan, model_path)
-    history_path = os.path.join(arguments.output, "history.json")
-    with open(history_path + ".tmp", "w") as handle:
-        json.dump(history, handle, indent=1)
-    os.replace(history_path + ".tmp", history_path)
-    minutes = (time.perf_counter() - started) / 60
-    print(f"trained in {minutes:.1f} min; model: {model_path}; history: {history_path}")
-    spark.stop()
+    nn.save(gan, os.path.join(output, "gan.bigdl"))
+    text = json.dumps(history, indent=1).encode("utf-8")
+    atomic_write(os.path.join(output, "history.json"), lambda file: file.write(text))
     return history
 
 

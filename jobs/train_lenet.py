@@ -11,7 +11,9 @@ It prints progress (a bar on a terminal, log lines otherwise) and the test accur
 every epoch, and writes into ``--output`` (default ``runs/lenet``): the trained model
 (``lenet.bigdl``, bigdl_py's safe format), TensorBoard summaries (``summaries/``), and the
 loss/accuracy curves (``curves.png``). ``--checkpoint-dir`` keeps a checkpoint per epoch and
-``--resume`` continues from the newest one there.
+``--resume`` continues from the newest one there. The output folder appears only when the run
+completes; an existing one is replaced only with ``--overwrite`` (or continued with
+``--resume``).
 """
 
 from __future__ import annotations
@@ -26,10 +28,12 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import output_checks  # noqa: E402
+from argument_types import real_number, whole_number  # noqa: E402
 from training_arguments import (  # noqa: E402
     add_training_arguments,
     check_training_arguments,
     default_if_none,
+    run_output,
 )
 
 from bigdl_py import nn  # noqa: E402
@@ -37,7 +41,7 @@ from bigdl_py.data import fashion_mnist  # noqa: E402
 from bigdl_py.models import lenet5  # noqa: E402
 from bigdl_py.optim import SGD, Adam  # noqa: E402
 from bigdl_py.spark import LocalSGD  # noqa: E402
-from bigdl_py.spark.distri_optimizer import DistriOptimizer  # noqa: E402
+from bigdl_py.spark.distri_optimizer import MAX_ITERATIONS_PER_JOB, DistriOptimizer  # noqa: E402
 from bigdl_py.spark.session import get_spark, task_slots  # noqa: E402
 from bigdl_py.train import (  # noqa: E402
     EveryEpoch,
@@ -53,6 +57,9 @@ from bigdl_py.train import (  # noqa: E402
 from bigdl_py.train.batches import as_array_dataset  # noqa: E402
 from bigdl_py.train.progress import Progress  # noqa: E402
 
+# What the job writes into --output; an existing --output holding anything else is refused.
+WRITES = ("lenet.bigdl", "curves.png", "summaries")
+
 
 def parse_arguments(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -60,13 +67,15 @@ def parse_arguments(argv=None) -> argparse.Namespace:
     parser.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd")
     parser.add_argument(
         "--lr",
-        type=float,
+        type=real_number(0),
         default=None,
         help="learning rate (default: 0.05 for sgd, 0.001 for adam)",
     )
-    parser.add_argument("--momentum", type=float, default=0.9, help="SGD momentum")
+    parser.add_argument("--momentum", type=real_number(0), default=0.9, help="SGD momentum")
     parser.add_argument(
-        "--summary-dir", default=None, help="TensorBoard summaries (default: <output>/summaries)"
+        "--summary-dir",
+        default=None,
+        help="TensorBoard summaries, outside --output (default: <output>/summaries)",
     )
     parser.add_argument(
         "--wire-dtype",
@@ -89,13 +98,13 @@ def parse_arguments(argv=None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--period",
-        type=int,
+        type=whole_number(1),
         default=8,
         help="with --update local-sgd: iterations between two averagings (default 8)",
     )
     parser.add_argument(
         "--iterations-per-job",
-        type=int,
+        type=whole_number(1, MAX_ITERATIONS_PER_JOB),
         default=None,
         help="iterations chained into one Spark job, 1 to 32 (default: as --update auto "
         "picks them, else 8 where the executors share a disk, and 1 otherwise)",
@@ -106,13 +115,13 @@ def parse_arguments(argv=None) -> argparse.Namespace:
         help="no progress bar, one loss line per epoch (each epoch's test accuracy is still shown)",
     )
     arguments = parser.parse_args(argv)
-    if arguments.period < 1:  # before Spark starts, not when LocalSGD is built
-        parser.error(f"--period must be a positive integer, got {arguments.period}")
     return check_training_arguments(
         parser,
         arguments,
+        writes=WRITES,
         kind=output_checks.OPTIMIZER_RUN,
         fashion_mnist=("train", "test"),
+        more_outputs=(("--summary-dir", arguments.summary_dir),),
     )
 
 
@@ -130,6 +139,26 @@ def main(argv=None) -> float:
     started = time.perf_counter()
     spark = get_spark(arguments.master, app_name="bigdl_py LeNet-5 Fashion-MNIST")
     spark.sparkContext.setLogLevel("WARN")
+    with run_output(arguments) as output:
+        accuracy, state = train(arguments, spark, output)
+    minutes = (time.perf_counter() - started) / 60
+    print(
+        f"final test accuracy: {accuracy * 100:.2f}% after {state.epoch} epochs "
+        f"({state.iteration} iterations) in {minutes:.1f} min",
+        flush=True,
+    )
+    summary_dir = arguments.summary_dir or os.path.join(arguments.output, "summaries")
+    model_path = os.path.join(arguments.output, "lenet.bigdl")
+    curves = os.path.join(arguments.output, "curves.png")
+    print(f"model: {model_path}\ncurves: {curves}\nsummaries: {summary_dir}", flush=True)
+    spark.stop()
+    return accuracy
+
+
+def train(arguments: argparse.Namespace, spark, output: str):
+    """Train LeNet-5 and test it; the model, the curves and (unless --summary-dir is given)
+    the summaries go into the folder ``output``. Returns the test accuracy and the
+    optimizer's final state."""
     train_features, train_labels = fashion_mnist("train", arguments.data)
     test_features, test_labels = fashion_mnist("test", arguments.data)
     if arguments.limit is not None:
@@ -170,7 +199,7 @@ def main(argv=None) -> float:
     )
     test_set = as_array_dataset((test_features, test_labels), "test set", shuffle=False)
     optimizer.set_validation(EveryEpoch(), test_set, [Top1Accuracy(), Loss()], batch_size=500)
-    summary_dir = arguments.summary_dir or os.path.join(arguments.output, "summaries")
+    summary_dir = arguments.summary_dir or os.path.join(output, "summaries")
     optimizer.set_train_summary(TrainSummary(summary_dir, "lenet"))
     optimizer.set_validation_summary(ValidationSummary(summary_dir, "lenet"))
     if arguments.checkpoint_dir:
@@ -187,24 +216,13 @@ def main(argv=None) -> float:
         optimizer.close()
 
     results = evaluate_batches(trained, validation_batches(test_set, 500), [Top1Accuracy()])
-    accuracy = results[0].value
-    os.makedirs(arguments.output, exist_ok=True)
-    model_path = os.path.join(arguments.output, "lenet.bigdl")
-    nn.save(trained, model_path)
-    curves = plot_curves(
+    nn.save(trained, os.path.join(output, "lenet.bigdl"))
+    plot_curves(
         os.path.join(summary_dir, "lenet"),
-        os.path.join(arguments.output, "curves.png"),
+        os.path.join(output, "curves.png"),
         title="LeNet-5 on Fashion-MNIST (bigdl_py DistriOptimizer)",
     )
-    minutes = (time.perf_counter() - started) / 60
-    print(
-        f"final test accuracy: {accuracy * 100:.2f}% after {optimizer.state.epoch} epochs "
-        f"({optimizer.state.iteration} iterations) in {minutes:.1f} min",
-        flush=True,
-    )
-    print(f"model: {model_path}\ncurves: {curves}\nsummaries: {summary_dir}", flush=True)
-    spark.stop()
-    return accuracy
+    return results[0].value, optimizer.state
 
 
 if __name__ == "__main__":

