@@ -162,7 +162,7 @@ class BaseOptimizer:
 
     def set_end_when(self, end_trigger: Trigger) -> BaseOptimizer:
         """Stop training when ``end_trigger`` fires (e.g. ``MaxEpoch(10)``)."""
-        self.end_trigger = check_trigger(end_trigger, "end_trigger")
+        self.end_trigger = check_trigger(end_trigger, "end_trigger", end=True)
         return self
 
     def set_validation(
@@ -178,12 +178,13 @@ class BaseOptimizer:
         without a criterion uses the training criterion. ``batch_size`` defaults to the
         training batch size.
         """
+        trigger = check_trigger(trigger, "validation trigger")
         dataset = self._as_validation_set(dataset)
         if len(dataset) == 0:
             raise ValueError("the validation set is empty")
         bound = [method.with_default_criterion(self.criterion) for method in check_methods(methods)]
         self._validation = _ValidationPlan(
-            check_trigger(trigger, "validation trigger"),
+            trigger,
             dataset,
             bound,
             self.batch_size if batch_size is None else self._check_batch_size(batch_size),
@@ -349,6 +350,7 @@ class BaseOptimizer:
                 f"{stopper!r} watches the validation metric {stopper.metric!r}, but "
                 f"set_validation computes {names}; pass metric= one of those"
             )
+        stopper.check_direction(self._validation.methods[names.index(stopper.metric)])
 
     def _observe_validation(self, results: list[ValidationResult]) -> None:
         stopper = self._early_stopping()
@@ -362,10 +364,13 @@ class BaseOptimizer:
                     for name, value in self.runner.model_state_dict().items()
                 }
             return
+        if state.best_score is None:  # every validation so far gave NaN: nothing to quote
+            best = "is NaN and has no best value yet"
+        else:
+            best = f"has not improved on {state.best_score:.6g} (iteration {state.best_iteration})"
         message = (
-            f"early stopping: {stopper.metric} has not improved on {state.best_score:.6g} "
-            f"(iteration {state.best_iteration}) for {state.validations_since_best} of "
-            f"{stopper.patience} validations"
+            f"early stopping: {stopper.metric} {best}; {state.validations_since_best} of "
+            f"{stopper.patience} validations without improvement"
         )
         if stopper(state):
             message += "; training stops"
