@@ -302,21 +302,28 @@ class BaseOptimizer:
         )
         self._check_checkpoint_directory()
         self.runner.prepare(setup)
+        started: list[TrainingCallback] = []
         try:
             if self._resume_path is not None:
                 self._restore(checkpoints.load_checkpoint(self._resume_path))
                 self._resume_path = None
             for callback in self.callbacks:
                 callback.on_train_begin(self)
+                started.append(callback)
             try:
                 self._train()
-            except NonFiniteLossError as error:
+            except NonFiniteLossError:
                 self.runner.sync_model()  # the model then holds the weights the error speaks of
-                self._end_callbacks(error)
                 raise
             self._restore_best()
             self.runner.sync_model()
-            self._end_callbacks(None)
+        except BaseException as error:
+            # Every started callback hears of any error (an executor's, a bad batch's, an
+            # interrupt), so an MLflow run ends FAILED instead of staying RUNNING.
+            self._end_callbacks(started, error)
+            raise
+        else:
+            self._end_callbacks(started, None)
         finally:
             self.progress.close()
             for summary in (self.train_summary, self.validation_summary):
@@ -325,9 +332,29 @@ class BaseOptimizer:
             self.runner.close()
         return self.model
 
-    def _end_callbacks(self, error: BaseException | None) -> None:
-        for callback in self.callbacks:
-            callback.on_train_end(self, self.model, error)
+    def _end_callbacks(self, callbacks: list[TrainingCallback], error: BaseException | None):
+        """Call every callback's ``on_train_end``, each even when one before it fails.
+
+        On a training error, a callback's own failure is logged and the training error is
+        the one raised; after a successful run, the first callback failure is raised.
+        """
+        first_failure = None
+        for callback in callbacks:
+            try:
+                callback.on_train_end(self, self.model, error)
+            except Exception as failure:
+                if error is not None:
+                    logger.error(
+                        "%s.on_train_end failed while training was ending with %s: %s",
+                        type(callback).__name__,
+                        type(error).__name__,
+                        failure,
+                        exc_info=failure,
+                    )
+                elif first_failure is None:
+                    first_failure = failure
+        if first_failure is not None:
+            raise first_failure
 
     # --- early stopping -----------------------------------------------------------------
     def _early_stopping(self) -> EarlyStopping | None:
