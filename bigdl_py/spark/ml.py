@@ -47,7 +47,7 @@ from bigdl_py.spark.ml_persistence import NNStageReader, NNStageWriter
 from bigdl_py.train.metrics import ValidationMethod
 from bigdl_py.train.progress import Progress
 from bigdl_py.train.summary import TrainSummary, ValidationSummary
-from bigdl_py.train.triggers import EveryEpoch, MaxEpoch, Trigger
+from bigdl_py.train.triggers import EveryEpoch, MaxEpoch, Trigger, check_trigger
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -398,6 +398,7 @@ class NNEstimator(Estimator, NNEstimatorParams, _NNStage, MLReadable):
         ``val_df`` needs the columns this stage reads; inside a Pipeline that is the output
         of the stages before this one (``val_df`` does not pass through them).
         """
+        check_trigger(trigger, "validation trigger")
         self._validation = (trigger, val_df, val_method, batch_size)
         return self
 

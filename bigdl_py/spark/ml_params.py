@@ -27,6 +27,7 @@ from bigdl_py.train.triggers import (
     Or,
     SeveralIteration,
     Trigger,
+    check_trigger,
 )
 
 # --- triggers as JSON -------------------------------------------------------------------------
@@ -218,6 +219,13 @@ def to_trigger_config(value: Any) -> dict:
     raise TypeError(f"expected a Trigger such as MaxEpoch(5), got {type(value).__name__}")
 
 
+def to_checkpoint_trigger_config(value: Any) -> dict:
+    """:func:`to_trigger_config`, refusing a trigger that can only end training."""
+    config = to_trigger_config(value)
+    check_trigger(trigger_from_config(config), "checkpoint trigger")
+    return config
+
+
 def to_clipping_range(value: Any) -> list[float]:
     bounds = TypeConverters.toListFloat(value)
     if len(bounds) != 2 or not bounds[0] <= bounds[1]:
@@ -358,7 +366,7 @@ class NNEstimatorParams(NNModelParams, HasLabelCol):
         Params._dummy(),
         "checkpointTrigger",
         "when to write a checkpoint (default EveryEpoch)",
-        typeConverter=_optional(to_trigger_config),
+        typeConverter=_optional(to_checkpoint_trigger_config),
     )
     checkpointOverwrite = Param(
         Params._dummy(),

@@ -11,7 +11,9 @@ exactly where an uninterrupted one would. The weights of the best validation (fo
 Example::
 
     optimizer.set_validation(EveryEpoch(), validation_set, [Loss(), Top1Accuracy()])
-    optimizer.set_end_when(MaxEpoch(50) | EarlyStopping("Loss", mode="min", patience=3))
+    optimizer.set_end_when(MaxEpoch(50) | EarlyStopping("Top1Accuracy", patience=3))
+
+The mode (``"max"`` for an accuracy, ``"min"`` for a loss) follows the metric.
 """
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ import math
 import numbers
 from collections.abc import Sequence
 
-from bigdl_py.train.metrics import ValidationResult
-from bigdl_py.train.triggers import TrainingState, Trigger, _Combination
+from bigdl_py.train.metrics import ValidationMethod, ValidationResult, own_method_class
+from bigdl_py.train.triggers import TrainingState, Trigger, leaf_triggers
 
 _MODES = ("min", "max")
 
@@ -30,17 +32,24 @@ class EarlyStopping(Trigger):
     """Fires once the validation ``metric`` has not improved for ``patience`` validations.
 
     Use it as (part of) the end trigger, with validation set on the optimizer
-    (``set_validation``). A validation improves on the best so far when its value is lower
-    than ``best - min_delta`` (``mode="min"``) or higher than ``best + min_delta``
-    (``mode="max"``); the first validation always does. A NaN value never improves.
+    (``set_validation``); as a validation, checkpoint or summary trigger it is refused (it
+    counts validations, so it could never start one, and it fires only as training ends). A
+    validation improves on the best so far when its value is lower than ``best - min_delta``
+    (``mode="min"``) or higher than ``best + min_delta`` (``mode="max"``); the first
+    validation always does. A NaN value never improves.
 
     Parameters
     ----------
     metric : str
         Name of a validation method given to ``set_validation`` (``"Loss"``,
         ``"Top1Accuracy"``, ``"MAE"``, ...).
-    mode : {"min", "max"}
-        Whether lower or higher values are better.
+    mode : {"min", "max"}, optional
+        Whether lower or higher values are better. By default it follows the metric's
+        declared direction (``ValidationMethod.higher_is_better``): ``"max"`` for the
+        accuracies, ``"min"`` for ``Loss`` and ``MAE``. A mode that contradicts that direction
+        is refused. A validation method of your own that declares no direction needs an
+        explicit mode (checked when training starts): guessing one would stop training on
+        the wrong side and restore the worst model.
     patience : int
         Validations without improvement after which training ends (>= 1).
     min_delta : float
@@ -52,15 +61,17 @@ class EarlyStopping(Trigger):
     Raises
     ------
     ValueError
-        For a mode other than "min"/"max", a patience below 1 or a negative ``min_delta``.
+        For a mode other than "min"/"max" or one that contradicts bigdl_py's own metric of
+        that name, a patience below 1 or a negative ``min_delta``.
     """
 
     predictable = True  # it reads only what validation changes
+    end_only = True  # its record of validations is kept for the end trigger alone
 
     def __init__(
         self,
         metric: str = "Loss",
-        mode: str = "min",
+        mode: str | None = None,
         patience: int = 3,
         min_delta: float = 0.0,
         restore_best: bool = True,
@@ -69,8 +80,8 @@ class EarlyStopping(Trigger):
             raise ValueError(
                 f"EarlyStopping: metric must be a validation method's name, got {metric!r}"
             )
-        if mode not in _MODES:
-            raise ValueError(f"EarlyStopping: mode must be 'min' or 'max', got {mode!r}")
+        if mode is not None and mode not in _MODES:
+            raise ValueError(f"EarlyStopping: mode must be 'min', 'max' or None, got {mode!r}")
         if isinstance(patience, bool) or not isinstance(patience, numbers.Integral) or patience < 1:
             raise ValueError(f"EarlyStopping: patience must be an integer >= 1, got {patience!r}")
         min_delta = float(min_delta)
@@ -83,6 +94,41 @@ class EarlyStopping(Trigger):
         self.patience = int(patience)
         self.min_delta = min_delta
         self.restore_best = bool(restore_best)
+        own = own_method_class(metric)
+        if own is not None:
+            self._follow(own.higher_is_better, f"bigdl_py's {metric}")
+
+    def check_direction(self, method: ValidationMethod) -> None:
+        """Take the mode from ``method`` (the one computing :attr:`metric`), or check it.
+
+        Raises
+        ------
+        ValueError
+            When the mode contradicts the method's declared direction, or when neither
+            the mode nor the method's ``higher_is_better`` says which way is better.
+        """
+        if method.higher_is_better is None:
+            if self.mode is None:
+                raise ValueError(
+                    f"EarlyStopping: the validation method {method!r} "
+                    f"({type(method).__qualname__}) declares no direction "
+                    "(its higher_is_better is None): pass mode='max' if higher values are "
+                    "better or mode='min' if lower ones are, or set higher_is_better on the class"
+                )
+            return
+        self._follow(method.higher_is_better, f"{method!r} ({type(method).__qualname__})")
+
+    def _follow(self, higher_is_better: bool, source: str) -> None:
+        """Set the mode to the metric's direction, refusing a mode that contradicts it."""
+        direction = "max" if higher_is_better else "min"
+        if self.mode is not None and self.mode != direction:
+            better = "higher" if higher_is_better else "lower"
+            raise ValueError(
+                f"EarlyStopping: mode={self.mode!r} contradicts the metric {self.metric!r}: "
+                f"{source} is better when {better} (mode={direction!r}); leave mode out to "
+                "follow the metric"
+            )
+        self.mode = direction
 
     def __call__(self, state: TrainingState) -> bool:
         return state.validations_since_best >= self.patience
@@ -93,6 +139,11 @@ class EarlyStopping(Trigger):
             return False
         if best is None:
             return True
+        if self.mode is None:
+            raise ValueError(
+                f"{self!r}: the direction of {self.metric!r} is not known yet; pass mode= "
+                "(or let the training loop take it from the validation method)"
+            )
         if self.mode == "min":
             return value < best - self.min_delta
         return value > best + self.min_delta
@@ -140,13 +191,9 @@ def find_early_stopping(trigger: Trigger | None) -> EarlyStopping | None:
     ValueError
         When there are several: they would share one best-so-far record.
     """
-    found, pending = [], [trigger] if trigger is not None else []
-    while pending:
-        current = pending.pop()
-        if isinstance(current, EarlyStopping):
-            found.append(current)
-        elif isinstance(current, _Combination):
-            pending.extend(current.triggers)
+    if trigger is None:
+        return None
+    found = [leaf for leaf in leaf_triggers(trigger) if isinstance(leaf, EarlyStopping)]
     if len(found) > 1:
         raise ValueError(
             f"the end trigger holds {len(found)} EarlyStopping triggers ({found}); use one"

@@ -162,7 +162,7 @@ class BaseOptimizer:
 
     def set_end_when(self, end_trigger: Trigger) -> BaseOptimizer:
         """Stop training when ``end_trigger`` fires (e.g. ``MaxEpoch(10)``)."""
-        self.end_trigger = check_trigger(end_trigger, "end_trigger")
+        self.end_trigger = check_trigger(end_trigger, "end_trigger", end=True)
         return self
 
     def set_validation(
@@ -178,12 +178,13 @@ class BaseOptimizer:
         without a criterion uses the training criterion. ``batch_size`` defaults to the
         training batch size.
         """
+        trigger = check_trigger(trigger, "validation trigger")
         dataset = self._as_validation_set(dataset)
         if len(dataset) == 0:
             raise ValueError("the validation set is empty")
         bound = [method.with_default_criterion(self.criterion) for method in check_methods(methods)]
         self._validation = _ValidationPlan(
-            check_trigger(trigger, "validation trigger"),
+            trigger,
             dataset,
             bound,
             self.batch_size if batch_size is None else self._check_batch_size(batch_size),
@@ -301,21 +302,28 @@ class BaseOptimizer:
         )
         self._check_checkpoint_directory()
         self.runner.prepare(setup)
+        started: list[TrainingCallback] = []
         try:
             if self._resume_path is not None:
                 self._restore(checkpoints.load_checkpoint(self._resume_path))
                 self._resume_path = None
             for callback in self.callbacks:
                 callback.on_train_begin(self)
+                started.append(callback)
             try:
                 self._train()
-            except NonFiniteLossError as error:
+            except NonFiniteLossError:
                 self.runner.sync_model()  # the model then holds the weights the error speaks of
-                self._end_callbacks(error)
                 raise
             self._restore_best()
             self.runner.sync_model()
-            self._end_callbacks(None)
+        except BaseException as error:
+            # Every started callback hears of any error (an executor's, a bad batch's, an
+            # interrupt), so an MLflow run ends FAILED instead of staying RUNNING.
+            self._end_callbacks(started, error)
+            raise
+        else:
+            self._end_callbacks(started, None)
         finally:
             self.progress.close()
             for summary in (self.train_summary, self.validation_summary):
@@ -324,9 +332,29 @@ class BaseOptimizer:
             self.runner.close()
         return self.model
 
-    def _end_callbacks(self, error: BaseException | None) -> None:
-        for callback in self.callbacks:
-            callback.on_train_end(self, self.model, error)
+    def _end_callbacks(self, callbacks: list[TrainingCallback], error: BaseException | None):
+        """Call every callback's ``on_train_end``, each even when one before it fails.
+
+        On a training error, a callback's own failure is logged and the training error is
+        the one raised; after a successful run, the first callback failure is raised.
+        """
+        first_failure = None
+        for callback in callbacks:
+            try:
+                callback.on_train_end(self, self.model, error)
+            except Exception as failure:
+                if error is not None:
+                    logger.error(
+                        "%s.on_train_end failed while training was ending with %s: %s",
+                        type(callback).__name__,
+                        type(error).__name__,
+                        failure,
+                        exc_info=failure,
+                    )
+                elif first_failure is None:
+                    first_failure = failure
+        if first_failure is not None:
+            raise first_failure
 
     # --- early stopping -----------------------------------------------------------------
     def _early_stopping(self) -> EarlyStopping | None:
@@ -349,6 +377,7 @@ class BaseOptimizer:
                 f"{stopper!r} watches the validation metric {stopper.metric!r}, but "
                 f"set_validation computes {names}; pass metric= one of those"
             )
+        stopper.check_direction(self._validation.methods[names.index(stopper.metric)])
 
     def _observe_validation(self, results: list[ValidationResult]) -> None:
         stopper = self._early_stopping()
@@ -362,10 +391,13 @@ class BaseOptimizer:
                     for name, value in self.runner.model_state_dict().items()
                 }
             return
+        if state.best_score is None:  # every validation so far gave NaN: nothing to quote
+            best = "is NaN and has no best value yet"
+        else:
+            best = f"has not improved on {state.best_score:.6g} (iteration {state.best_iteration})"
         message = (
-            f"early stopping: {stopper.metric} has not improved on {state.best_score:.6g} "
-            f"(iteration {state.best_iteration}) for {state.validations_since_best} of "
-            f"{stopper.patience} validations"
+            f"early stopping: {stopper.metric} {best}; {state.validations_since_best} of "
+            f"{stopper.patience} validations without improvement"
         )
         if stopper(state):
             message += "; training stops"

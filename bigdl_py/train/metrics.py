@@ -9,6 +9,7 @@ driver into exactly the result of one pass over all of it.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -85,11 +86,14 @@ class ValidationMethod:
 
     Attributes
     ----------
-    higher_is_better : bool
-        Direction of improvement (accuracies: True; losses and errors: False).
+    higher_is_better : bool or None
+        The metric's direction of improvement, declared by each method class (accuracies:
+        True; losses and errors: False). ``EarlyStopping`` takes its mode from it. None (the
+        base class's value) means undeclared: a method of your own should set it, or
+        ``EarlyStopping`` on it needs an explicit ``mode``.
     """
 
-    higher_is_better = True
+    higher_is_better: bool | None = None
 
     @property
     def name(self) -> str:
@@ -175,6 +179,8 @@ class TopKAccuracy(ValidationMethod):
     their order matters) and targets are 0-based class indices. A one-column output (or a
     1-D one) is a binary probability: the prediction is ``output >= 0.5``.
     """
+
+    higher_is_better = True
 
     def __init__(self, k: int):
         if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
@@ -298,6 +304,17 @@ class MAE(ValidationMethod):
             )
         difference = predicted.astype(np.float64) - expected.reshape(predicted.shape)
         return ValidationResult(self.name, float(xp.sum(xp.abs(difference))), predicted.size)
+
+
+_TOP_K_NAME = re.compile(r"Top[1-9][0-9]*Accuracy")
+
+
+def own_method_class(name: str) -> type[ValidationMethod] | None:
+    """The class of bigdl_py's own validation method whose results are named ``name``
+    (``"Top1Accuracy"``, ``"Loss"``, ...), or None for any other name."""
+    if _TOP_K_NAME.fullmatch(name):
+        return TopKAccuracy
+    return {"Loss": Loss, "MAE": MAE}.get(name)
 
 
 def check_methods(methods: Any) -> list[ValidationMethod]:

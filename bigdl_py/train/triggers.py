@@ -99,9 +99,13 @@ class Trigger:
     validation score, which changes only when validation runs): the loop may then work out
     ahead of time where it fires and run the iterations before it in one go. A subclass
     that reads the training loss, or anything else, keeps the default False.
+
+    ``end_only`` marks a trigger that means something only as (part of) the end trigger
+    (``EarlyStopping``); :func:`check_trigger` refuses it anywhere else.
     """
 
     predictable: bool = False
+    end_only: bool = False
 
     def __call__(self, state: TrainingState) -> bool:
         raise NotImplementedError(f"{type(self).__name__} does not implement __call__")
@@ -234,11 +238,39 @@ class Or(_Combination):
         return any(trigger(state) for trigger in self.triggers)
 
 
-def check_trigger(trigger, what: str) -> Trigger:
-    """Return ``trigger``, or raise a TypeError naming the setting it was given for."""
+def leaf_triggers(trigger: Trigger) -> list[Trigger]:
+    """The triggers inside ``trigger`` through any nesting of And/Or (itself if none)."""
+    leaves, pending = [], [trigger]
+    while pending:
+        current = pending.pop()
+        if isinstance(current, _Combination):
+            pending.extend(reversed(current.triggers))
+        else:
+            leaves.append(current)
+    return leaves
+
+
+def check_trigger(trigger, what: str, *, end: bool = False) -> Trigger:
+    """Return ``trigger``, or raise an error naming the setting it was given for.
+
+    Raises
+    ------
+    TypeError
+        When ``trigger`` is not a Trigger.
+    ValueError
+        When it holds an end-only trigger (``EarlyStopping``) and ``end`` is False.
+    """
     if not isinstance(trigger, Trigger):
         raise TypeError(
             f"{what} must be a Trigger (MaxEpoch, MaxIteration, EveryEpoch, SeveralIteration, "
             f"MinLoss, MaxScore, EarlyStopping, And, Or), got {type(trigger).__name__}: {trigger!r}"
         )
+    if not end:
+        for leaf in leaf_triggers(trigger):
+            if leaf.end_only:
+                raise ValueError(
+                    f"{what} holds {leaf!r}, which can only end training (it would never "
+                    f"fire here): pass it to set_end_when, e.g. MaxEpoch(50) | {leaf!r}, and "
+                    f"use a trigger such as EveryEpoch() or SeveralIteration(n) as the {what}"
+                )
     return trigger

@@ -21,7 +21,9 @@ from bigdl_py.train import (
     MaxEpoch,
     MaxIteration,
     NonFiniteLossError,
+    SeveralIteration,
     Top1Accuracy,
+    TrainingCallback,
     load_checkpoint,
 )
 
@@ -190,6 +192,37 @@ def test_nonfinite_loss_stops_with_the_iteration_named(spark):
         with pytest.raises(NonFiniteLossError, match=r"loss is nan at iteration 1 "):
             optimizer.optimize()
     assert np.isnan(flat(model)).sum() == 1  # the weights before the batch: not updated
+
+
+def test_an_executor_error_reaches_the_callbacks_end_hook(spark):
+    # The loop is LocalOptimizer's; the error here is Spark's own kind, raised by a task:
+    # validation on an RDD runs on the executors, where a label outside the 3 classes fails.
+    class EndRecorder(TrainingCallback):
+        ended: list = []
+
+        def on_train_end(self, optimizer, model, error):
+            self.ended.append(error)
+
+    features, labels = blobs()
+    rows = [Sample(features[i], 7 if i == 5 else int(labels[i])) for i in range(40)]
+    recorder = EndRecorder()
+    with DistriOptimizer(
+        classifier(),
+        (features, labels),
+        nn.NLLLoss(),
+        SGD(lr=0.1),
+        batch_size=BATCH,
+        end_trigger=MaxIteration(2),
+        num_partitions=2,
+        progress=False,
+    ) as optimizer:
+        optimizer.set_validation(
+            SeveralIteration(1), spark.sparkContext.parallelize(rows, 2), [Top1Accuracy()]
+        )
+        optimizer.add_callback(recorder)
+        with pytest.raises(Exception, match="outside the 3 classes") as raised:
+            optimizer.optimize()
+    assert recorder.ended == [raised.value]
 
 
 def test_nonfinite_batches_can_be_skipped(spark):

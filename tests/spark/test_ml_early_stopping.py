@@ -105,3 +105,16 @@ def test_early_stopping_survives_the_stage_params(tmp_path):
     assert "EarlyStopping(metric='Top1Accuracy', mode='max', patience=4" in repr(
         loaded.copy().getEndWhen()
     )
+
+
+def test_early_stopping_as_a_validation_or_checkpoint_trigger_is_refused_at_once(tmp_path):
+    # It can only end training; in these places it would never fire (no Spark needed).
+    classifier = NNClassifier(nn.Sequential(nn.Linear(4, 3)))
+    with pytest.raises(ValueError, match=r"validation trigger holds EarlyStopping.*set_end_when"):
+        classifier.setValidation(EveryEpoch() | EarlyStopping(), None, [Loss()])
+    with pytest.raises(ValueError, match=r"checkpoint trigger holds EarlyStopping.*set_end_when"):
+        classifier.setCheckpoint(str(tmp_path), EarlyStopping())
+    with pytest.raises(ValueError, match="checkpoint trigger holds EarlyStopping"):
+        NNClassifier(nn.Sequential(nn.Linear(4, 3)), checkpointTrigger=EarlyStopping("Loss"))
+    with pytest.raises(ValueError, match="contradicts the metric 'Top1Accuracy'"):
+        classifier.setEndWhen(EarlyStopping("Top1Accuracy", mode="min"))
