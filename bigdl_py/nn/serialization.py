@@ -30,6 +30,7 @@ from typing import IO, Any
 import numpy as np
 
 from bigdl_py import backend
+from bigdl_py.nn import _build_budget
 from bigdl_py.nn.graph import Model as GraphModel
 from bigdl_py.nn.module import Module
 
@@ -305,32 +306,35 @@ def module_config(module: Module) -> dict:
 
 
 def module_from_config(
-    config: Mapping, source: str = "<config>", max_values: int | None = None
+    config: Mapping,
+    source: str = "<config>",
+    max_values: int | None = None,
 ) -> Module:
     """Build a module (fresh weights) from :func:`module_config` output.
 
-    ``max_values`` bounds how many initial weight values construction may draw: ``load``
-    passes what the file stores, so a small file declaring a huge layer fails at once
-    instead of filling gigabytes that its stored weights would then not fit.
+    ``max_values`` bounds the array values the built modules may hold (``_build_budget``):
+    ``load`` passes about what the file stores, so a small file declaring a huge layer fails
+    at once instead of filling gigabytes that its stored weights would then not fit.
     """
     from bigdl_py.nn import init
 
+    budget = contextlib.nullcontext()
+    if max_values is not None:
+        budget = _build_budget.limit(max_values, source)
     # Building draws initial weights; a private stream keeps the user's seeded one untouched.
-    with init.seeded(0) as generator:
+    with budget, init.seeded(0) as generator:
         if max_values is not None:
             # init's draws all go through this module-level generator (init._generator).
-            init._default_generator = _DrawBudget(generator, max_values, source)
+            init._default_generator = _ReservingGenerator(generator)
         return _Decoder(source).module(config)
 
 
-class _DrawBudget:
-    """A random generator that refuses to draw more than ``limit`` values in all."""
+class _ReservingGenerator:
+    """A random generator whose draws first ask the build budget for room: a draw of many
+    values that no parameter holds (a registered class's own) is refused before it runs."""
 
-    def __init__(self, generator: np.random.Generator, limit: int, source: str):
+    def __init__(self, generator: np.random.Generator):
         self._generator = generator
-        self._limit = limit
-        self._source = source
-        self._drawn = 0
 
     def __getattr__(self, name: str) -> Any:
         method = getattr(self._generator, name)
@@ -339,13 +343,7 @@ class _DrawBudget:
 
         def draw(*args: Any, **kwargs: Any) -> Any:
             size = kwargs.get("size")
-            self._drawn += 1 if size is None else int(np.prod(size, dtype=np.float64))
-            if self._drawn > self._limit:
-                raise ValueError(
-                    f"{self._source}: the stored architecture declares more weights than the "
-                    f"file holds (building it needs over {self._drawn:,} values, the file "
-                    f"stores {self._limit:,} in all); refusing to allocate them"
-                )
+            _build_budget.reserve(1 if size is None else tuple(np.atleast_1d(size)))
             return method(*args, **kwargs)
 
         return draw
@@ -430,7 +428,7 @@ def load(path: str | os.PathLike, device: str | backend.Device = "cpu") -> Modul
             f"{path} was written by a newer bigdl_py (model format version "
             f"{architecture['version']}; this one reads up to {FORMAT_VERSION})"
         )
-    # Initialisation may draw what the file stores and some slack (layers that own no stored
+    # Building may create what the file stores and some slack (layers that own no stored
     # array, rounding); far more means the architecture does not match the weights.
     stored = sum(int(array.size) for array in arrays.values())
     try:

@@ -8,7 +8,6 @@ name. PyTorch's fused inference fast path is not reproduced; the results are the
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import numpy as np
@@ -16,7 +15,7 @@ import numpy as np
 from bigdl_py.autograd import ops
 from bigdl_py.nn.attention import MultiheadAttention, causal_mask
 from bigdl_py.nn.containers import ModuleList
-from bigdl_py.nn.layers._base import check_positive_int, check_probability
+from bigdl_py.nn.layers._base import check_positive_int, check_probability, deep_copies
 from bigdl_py.nn.layers.dropout import Dropout
 from bigdl_py.nn.layers.linear import Linear
 from bigdl_py.nn.layers.normalization import LayerNorm
@@ -188,7 +187,7 @@ class TransformerEncoder(Module):
                 f"{type(encoder_layer).__name__}"
             )
         self.num_layers = check_positive_int(num_layers, "num_layers", "TransformerEncoder")
-        self.layers = ModuleList(copy.deepcopy(encoder_layer) for _ in range(self.num_layers))
+        self.layers = ModuleList(deep_copies(encoder_layer, self.num_layers))
         if norm is not None and not isinstance(norm, Module):
             raise TypeError(
                 f"TransformerEncoder: norm must be a Module or None, got {type(norm).__name__}"

@@ -1,4 +1,4 @@
-"""Model files are checked, not trusted (issue 16, items 9, 11, 17)."""
+"""Model files are checked, not trusted (issue 16, items 9, 11, 17; issue 27, item 13)."""
 
 from __future__ import annotations
 
@@ -6,11 +6,13 @@ import json
 import subprocess
 import sys
 import time
+import tracemalloc
 
 import numpy as np
 import pytest
 
 from bigdl_py import nn
+from bigdl_py.autograd import Tensor
 from bigdl_py.nn.serialization import ARCHITECTURE_MEMBER, read_npz, write_npz
 
 
@@ -104,3 +106,80 @@ def test_the_projects_own_models_load_without_importing_them_first(tmp_path):
     )
     assert completed.returncode == 0, completed.stderr[-2000:]
     assert completed.stdout.strip() == "GAN"
+
+
+# --- issue 27 item 13: every array building makes is counted -----------------------------------
+class _KeepsATable(nn.Module):
+    """A user class that allocates its buffer itself, not through bigdl_py's allocators."""
+
+    def __init__(self, size):
+        super().__init__()
+        self.register_buffer("table", Tensor(np.zeros(size, np.float32)))
+
+
+def _declare(tmp_path, module, edit_model):
+    """A model file of ``module`` whose architecture ``edit_model`` changes, with no arrays."""
+    path = str(tmp_path / "declared.bigdl")
+    nn.save(module, path)
+    _rewrite(path, lambda architecture: edit_model(architecture["model"]), lambda a: a.clear())
+    return path
+
+
+@pytest.mark.parametrize(
+    "module, edit_model",
+    [
+        (nn.GroupNorm(1, 2), lambda model: model.update(args=[1, 200_000_000])),
+        (nn.LayerNorm(2), lambda model: model.update(args=[[20_000, 20_000]])),
+        (nn.BatchNorm2d(2), lambda model: model.update(args=[200_000_000])),
+        (nn.BatchNorm1d(2, affine=False), lambda model: model.update(args=[200_000_000])),
+        (nn.InstanceNorm2d(2, track_running_stats=True), lambda m: m.update(args=[200_000_000])),
+        (nn.Embedding(2, 2), lambda model: model.update(args=[200_000, 1_000])),
+        (nn.LSTM(2, 2), lambda model: model.update(args=[2, 20_000])),
+        (
+            nn.TransformerEncoder(nn.TransformerEncoderLayer(4, 2, 8), 1),
+            lambda model: model["args"].__setitem__(1, 10_000_000),
+        ),
+    ],
+    ids=[
+        "group_norm_affine",
+        "layer_norm_affine",
+        "batch_norm_buffers",
+        "batch_norm_buffers_only",
+        "instance_norm_buffers",
+        "embedding",
+        "lstm",
+        "encoder_stack",
+    ],
+)
+def test_a_declared_layer_is_refused_before_its_arrays_are_allocated(tmp_path, module, edit_model):
+    path = _declare(tmp_path, module, edit_model)
+    tracemalloc.start()
+    try:
+        with pytest.raises(
+            ValueError,
+            match=r"declared\.bigdl: the stored architecture declares "
+            r"more weights than the file holds",
+        ):
+            nn.load(path)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    # Each declares 0.8 GB or more; refusing it allocates next to nothing.
+    assert peak < 20_000_000
+
+
+def test_arrays_a_registered_class_makes_itself_are_counted_when_kept(tmp_path):
+    nn.register_module(_KeepsATable)
+    path = _declare(tmp_path, _KeepsATable(4), lambda model: model.update(args=[5_000_000]))
+    with pytest.raises(ValueError, match="declares more weights than the file holds"):
+        nn.load(path)
+
+
+def test_a_model_with_buffers_and_shared_layers_still_loads(tmp_path):
+    shared = nn.Linear(3, 3)
+    model = nn.Sequential(shared, nn.BatchNorm1d(3), shared, nn.GroupNorm(1, 3))
+    path = str(tmp_path / "ok.bigdl")
+    nn.save(model, path)
+    loaded = nn.load(path)
+    assert loaded[0] is loaded[2]
+    assert list(loaded.state_dict()) == list(model.state_dict())

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import copy
+import math
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
 from bigdl_py import backend
+from bigdl_py.autograd.tensor import Tensor
+from bigdl_py.nn import _build_budget
 from bigdl_py.nn.module import Module, Parameter
 
 
@@ -23,7 +28,27 @@ def parameter_dtype(dtype: Any, layer_name: str) -> np.dtype:
 
 def empty_parameter(shape: tuple[int, ...], dtype: np.dtype) -> Parameter:
     """An uninitialised host parameter; the layer's ``reset_parameters`` fills it."""
+    _build_budget.reserve(shape)  # nn.load: refuse a declared size before allocating it
     return Parameter(np.empty(shape, dtype=dtype))
+
+
+def filled_buffer(shape: tuple[int, ...], value: float, dtype: Any) -> Tensor:
+    """A host buffer (running statistics, counters) of ``shape`` filled with ``value``."""
+    _build_budget.reserve(shape)
+    return Tensor(np.full(shape, value, dtype=dtype), _copy=False)
+
+
+def deep_copies(module: Module, count: int) -> Iterator[Module]:
+    """``count`` independent deep copies of ``module`` (stacks of identical layers)."""
+    state = sum(
+        math.prod(value.shape)
+        for _, child in module.named_modules()
+        for registry in (child._parameters, child._buffers)
+        for value in registry.values()
+        if value is not None
+    )
+    _build_budget.reserve(count * state)  # nn.load: refuse a declared stack before copying
+    return (copy.deepcopy(module) for _ in range(count))
 
 
 def check_positive_int(value: Any, name: str, layer_name: str) -> int:

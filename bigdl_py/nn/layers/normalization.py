@@ -10,12 +10,12 @@ from typing import Any
 import numpy as np
 
 from bigdl_py.autograd import ops
-from bigdl_py.autograd.tensor import Tensor
 from bigdl_py.nn import init
 from bigdl_py.nn.layers._base import (
     check_ndim,
     check_positive_int,
     empty_parameter,
+    filled_buffer,
     label,
     parameter_dtype,
 )
@@ -58,10 +58,10 @@ class _NormBase(Module):
             self.register_parameter("weight", None)
             self.register_parameter("bias", None)
         if self.track_running_stats:
-            self.register_buffer("running_mean", Tensor(np.zeros(self.num_features, dtype)))
-            self.register_buffer("running_var", Tensor(np.ones(self.num_features, dtype)))
+            self.register_buffer("running_mean", filled_buffer((self.num_features,), 0, dtype))
+            self.register_buffer("running_var", filled_buffer((self.num_features,), 1, dtype))
             # Counted as in PyTorch (so its state dicts load) and used when momentum is None.
-            self.register_buffer("num_batches_tracked", Tensor(np.zeros((), np.int64)))
+            self.register_buffer("num_batches_tracked", filled_buffer((), 0, np.int64))
         else:
             self.register_buffer("running_mean", None)
             self.register_buffer("running_var", None)
