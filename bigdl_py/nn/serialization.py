@@ -31,6 +31,7 @@ import numpy as np
 
 from bigdl_py import backend
 from bigdl_py.nn import _build_budget
+from bigdl_py.nn._safetensors_header import is_safetensors_file
 from bigdl_py.nn.graph import Model as GraphModel
 from bigdl_py.nn.module import Module
 
@@ -410,24 +411,18 @@ def load(path: str | os.PathLike, device: str | backend.Device = "cpu") -> Modul
     Raises
     ------
     ValueError
-        When the file is corrupt or truncated, is not a bigdl_py model, names an unknown
-        class, or its weights do not fit the architecture.
+        Naming the file and the problem: it is corrupt or truncated, is not a bigdl_py
+        model (a safetensors file is named as one, with the call that loads it), has a
+        malformed, too deeply nested or newer-version architecture, names an unknown
+        class, declares more weights than it stores, or its weights do not fit.
     """
     path = os.fspath(path)
-    arrays, members = read_npz(path)
     try:
-        architecture = json.loads(members[ARCHITECTURE_MEMBER].decode("utf-8"))
-    except (KeyError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ValueError(f"{path} is not a bigdl_py model file ({error!r})") from None
-    if architecture.get("format") != FORMAT:
-        raise ValueError(
-            f"{path} is not a bigdl_py model file (format {architecture.get('format')!r})"
-        )
-    if architecture.get("version", 0) > FORMAT_VERSION:
-        raise ValueError(
-            f"{path} was written by a newer bigdl_py (model format version "
-            f"{architecture['version']}; this one reads up to {FORMAT_VERSION})"
-        )
+        arrays, members = read_npz(path)
+    except ValueError:
+        _refuse_safetensors(path)
+        raise
+    architecture = _read_architecture(path, members)
     # Building may create what the file stores and some slack (layers that own no stored
     # array, rounding); far more means the architecture does not match the weights.
     stored = sum(int(array.size) for array in arrays.values())
@@ -435,6 +430,11 @@ def load(path: str | os.PathLike, device: str | backend.Device = "cpu") -> Modul
         model = module_from_config(architecture["model"], path, 2 * stored + 1_000_000)
     except (KeyError, TypeError, IndexError, AttributeError) as error:
         raise ValueError(f"{path}: cannot rebuild the stored architecture: {error!r}") from error
+    except RecursionError:
+        raise ValueError(
+            f"{path}: the stored architecture is nested too deeply to rebuild (modules inside "
+            "modules beyond Python's recursion limit); the file is damaged or crafted"
+        ) from None
     except MemoryError:
         raise ValueError(
             f"{path}: the stored architecture declares layers too large to allocate, while the "
@@ -446,6 +446,56 @@ def load(path: str | os.PathLike, device: str | backend.Device = "cpu") -> Modul
         raise ValueError(f"{path}: the weights do not fit the architecture: {error}") from None
     _keep_saved_dtypes(model, arrays, path)
     return model.to(device)
+
+
+def _read_architecture(path: str, members: Mapping[str, bytes]) -> dict:
+    """The parsed, checked ``architecture.json`` of a model file: a JSON object of this
+    format with a version this bigdl_py reads and a module object."""
+    try:
+        architecture = json.loads(members[ARCHITECTURE_MEMBER].decode("utf-8"))
+    except (KeyError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{path} is not a bigdl_py model file ({error!r})") from None
+    except RecursionError:
+        raise ValueError(
+            f"{path}: {ARCHITECTURE_MEMBER} is nested too deeply to read (beyond Python's "
+            "recursion limit); the file is damaged or crafted"
+        ) from None
+    if not isinstance(architecture, dict):
+        raise ValueError(
+            f"{path}: {ARCHITECTURE_MEMBER} holds a JSON {type(architecture).__name__}, not "
+            "the object nn.save writes; this is not a bigdl_py model file"
+        )
+    if architecture.get("format") != FORMAT:
+        raise ValueError(
+            f"{path} is not a bigdl_py model file (format {architecture.get('format')!r})"
+        )
+    version = architecture.get("version")
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise ValueError(
+            f"{path}: model format version {version!r} is not a positive integer (nn.save "
+            f"writes {FORMAT_VERSION}); the file is damaged or was not written by bigdl_py"
+        )
+    if version > FORMAT_VERSION:
+        raise ValueError(
+            f"{path} was written by a newer bigdl_py (model format version {version}; this "
+            f"one reads up to {FORMAT_VERSION})"
+        )
+    if not isinstance(architecture.get("model"), dict):
+        raise ValueError(
+            f"{path}: {ARCHITECTURE_MEMBER} has no module object under 'model' (got "
+            f"{type(architecture.get('model')).__name__}); the file is damaged"
+        )
+    return architecture
+
+
+def _refuse_safetensors(path: str) -> None:
+    """Raise a clear error when ``path``, which is no model zip, is a safetensors file."""
+    if is_safetensors_file(path):
+        raise ValueError(
+            f"{path} is a safetensors file (weights by name, no architecture), not a model "
+            "file written by bigdl_py.nn.save: build the model in code, then call "
+            "bigdl_py.nn.load_safetensors(model, path)"
+        )
 
 
 def _keep_saved_dtypes(model: Module, arrays: Mapping[str, np.ndarray], path: str) -> None:

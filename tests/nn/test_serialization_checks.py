@@ -1,4 +1,4 @@
-"""Model files are checked, not trusted (issue 16, items 9, 11, 17; issue 27, item 13)."""
+"""Model files are checked, not trusted (issue 16, items 9, 11, 17; issue 27, items 13, 18)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import pytest
 
 from bigdl_py import nn
 from bigdl_py.autograd import Tensor
+from bigdl_py.nn import serialization
 from bigdl_py.nn.serialization import ARCHITECTURE_MEMBER, read_npz, write_npz
 
 
@@ -183,3 +184,82 @@ def test_a_model_with_buffers_and_shared_layers_still_loads(tmp_path):
     loaded = nn.load(path)
     assert loaded[0] is loaded[2]
     assert list(loaded.state_dict()) == list(model.state_dict())
+
+
+# --- issue 27 item 18: malformed architecture files ----------------------------------------------
+def _write_architecture(path, text):
+    with open(path, "wb") as file:
+        write_npz(file, {}, {ARCHITECTURE_MEMBER: text.encode("utf-8")})
+
+
+@pytest.mark.parametrize(
+    "version, message",
+    [
+        ('"2"', r"model format version '2' is not a positive integer"),
+        ("null", r"model format version None is not a positive integer"),
+        ("true", r"model format version True is not a positive integer"),
+        ("0", r"model format version 0 is not a positive integer"),
+        ("1.0", r"model format version 1.0 is not a positive integer"),
+        ("99", r"was written by a newer bigdl_py \(model format version 99"),
+    ],
+)
+def test_a_bad_format_version_is_named(tmp_path, version, message):
+    path = str(tmp_path / "model.bigdl")
+    model = '{"class": "ReLU", "id": 0, "args": [], "kwargs": {}}'
+    _write_architecture(
+        path, f'{{"format": "bigdl_py.model", "version": {version}, "model": {model}}}'
+    )
+    with pytest.raises(ValueError, match=message) as raised:
+        nn.load(path)
+    assert path in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("[1, 2]", "architecture.json holds a JSON list, not the object nn.save writes"),
+        ('"model"', "architecture.json holds a JSON str"),
+        ('{"format": "bigdl_py.model", "version": 1, "model": [1]}', "no module object under"),
+    ],
+)
+def test_an_architecture_that_is_not_an_object_is_named(tmp_path, text, message):
+    path = str(tmp_path / "model.bigdl")
+    _write_architecture(path, text)
+    with pytest.raises(ValueError, match=message) as raised:
+        nn.load(path)
+    assert path in str(raised.value)
+
+
+def test_a_deeply_nested_architecture_is_named_not_a_recursion_error(tmp_path):
+    # 400 Sequentials, each inside the next: beyond what Python's recursion limit lets the
+    # JSON reader (and the rebuilding) descend.
+    module = '{"class": "ReLU", "id": 0, "args": [], "kwargs": {}}'
+    for level in range(1, 401):
+        module = f'{{"class": "Sequential", "id": {level}, "args": [{{"__module__": {module}}}]}}'
+    path = str(tmp_path / "deep.bigdl")
+    _write_architecture(path, f'{{"format": "bigdl_py.model", "version": 1, "model": {module}}}')
+    with pytest.raises(ValueError, match="architecture.json is nested too deeply") as raised:
+        nn.load(path)
+    assert path in str(raised.value)
+
+
+def test_running_out_of_stack_while_rebuilding_is_named_too(saved, monkeypatch):
+    # JSON that read fine can still be too deep to rebuild when load is called from deep in
+    # a program's stack; the rebuilding's RecursionError gets the same clear error.
+    def too_deep(*args, **kwargs):
+        raise RecursionError("maximum recursion depth exceeded")
+
+    monkeypatch.setattr(serialization, "module_from_config", too_deep)
+    with pytest.raises(ValueError, match="stored architecture is nested too deeply to rebuild"):
+        nn.load(saved)
+
+
+def test_a_safetensors_file_is_named_as_one_with_the_call_that_loads_it(tmp_path):
+    pytest.importorskip("safetensors")
+    path = str(tmp_path / "weights.safetensors")
+    nn.save_safetensors(nn.Linear(3, 2), path)
+    with pytest.raises(
+        ValueError, match=r"is a safetensors file .*load_safetensors\(model, path\)"
+    ) as raised:
+        nn.load(path)
+    assert "corrupt" not in str(raised.value)
