@@ -11,6 +11,10 @@ called with (``Module._init_args``), nested modules recursively; a functional-gr
 constructors with the stored plain values. It never imports a module or runs stored code,
 so a crafted file can at worst name a class that is not there, which raises.
 
+Files carry a format version. When a constructor default changes, the version goes up and
+files of older versions are rebuilt with the old default where they relied on it, so a
+saved model behaves as it did (version 2: ``LSTM``/``GRU`` became time-major by default).
+
 The helpers :func:`atomic_write`, :func:`write_npz` and :func:`read_npz` are shared with
 training checkpoints (``bigdl_py.train.checkpoint``).
 """
@@ -18,6 +22,7 @@ training checkpoints (``bigdl_py.train.checkpoint``).
 from __future__ import annotations
 
 import contextlib
+import inspect
 import io
 import json
 import os
@@ -38,7 +43,8 @@ from bigdl_py.nn.module import Module
 __all__ = ["load", "register_module", "save"]
 
 FORMAT = "bigdl_py.model"
-FORMAT_VERSION = 1
+# 2: LSTM and GRU default to batch_first=False (PyTorch's); version 1 files load as saved.
+FORMAT_VERSION = 2
 ARCHITECTURE_MEMBER = "architecture.json"
 
 _registered: dict[str, type] = {}
@@ -247,8 +253,9 @@ class _Encoder:
 class _Decoder:
     """Rebuilds modules from :class:`_Encoder` output using only the class registry."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, format_version: int = FORMAT_VERSION):
         self.path = path
+        self.format_version = format_version
         self.built: dict[int, Module] = {}
         self.classes = _registry()
 
@@ -271,6 +278,7 @@ class _Decoder:
         else:
             args = [self.value(item) for item in config.get("args", [])]
             kwargs = {key: self.value(item) for key, item in config.get("kwargs", {}).items()}
+            kwargs = _with_old_defaults(cls, args, kwargs, self.format_version)
             module = cls(*args, **kwargs)
         training = config.get("training", True)
         if not isinstance(training, bool):  # "false" would be truthy: check, never coerce
@@ -301,6 +309,30 @@ class _Decoder:
         raise ValueError(f"{self.path}: unknown value encoding {sorted(value)}")
 
 
+def _defaults_before() -> dict[int, dict[type, dict[str, Any]]]:
+    """Constructor defaults that changed, keyed by the format version that changed them.
+
+    A file of an older version stores only the arguments its code passed; where it left
+    one of these out, the module was built with the old default, and is built so again.
+    Exact classes only: a registered subclass has its own signature and defaults.
+    """
+    from bigdl_py.nn.recurrent import GRU, LSTM
+
+    # Version 2: recurrent layers became time-major by default, as in PyTorch.
+    return {2: {LSTM: {"batch_first": True}, GRU: {"batch_first": True}}}
+
+
+def _with_old_defaults(cls: type, args: list, kwargs: dict, format_version: int) -> dict:
+    """``kwargs`` plus the old defaults, of a file older than their change, that it relied on."""
+    for changed_in, classes in _defaults_before().items():
+        old_defaults = classes.get(cls)
+        if format_version >= changed_in or old_defaults is None:
+            continue
+        given = inspect.signature(cls).bind_partial(*args, **kwargs).arguments
+        kwargs = {**{k: v for k, v in old_defaults.items() if k not in given}, **kwargs}
+    return kwargs
+
+
 def module_config(module: Module) -> dict:
     """The architecture of ``module`` as JSON values (see :func:`save`)."""
     return _Encoder().module(module)
@@ -310,12 +342,15 @@ def module_from_config(
     config: Mapping,
     source: str = "<config>",
     max_values: int | None = None,
+    format_version: int = FORMAT_VERSION,
 ) -> Module:
     """Build a module (fresh weights) from :func:`module_config` output.
 
     ``max_values`` bounds the array values the built modules may hold (``_build_budget``):
     ``load`` passes about what the file stores, so a small file declaring a huge layer fails
     at once instead of filling gigabytes that its stored weights would then not fit.
+    ``format_version`` is the file's: constructor defaults that changed since are given
+    their old values where the file relied on them (:func:`_defaults_before`).
     """
     from bigdl_py.nn import init
 
@@ -327,7 +362,7 @@ def module_from_config(
         if max_values is not None:
             # init's draws all go through this module-level generator (init._generator).
             init._default_generator = _ReservingGenerator(generator)
-        return _Decoder(source).module(config)
+        return _Decoder(source, format_version).module(config)
 
 
 class _ReservingGenerator:
@@ -415,6 +450,11 @@ def load(path: str | os.PathLike, device: str | backend.Device = "cpu") -> Modul
         model (a safetensors file is named as one, with the call that loads it), has a
         malformed, too deeply nested or newer-version architecture, names an unknown
         class, declares more weights than it stores, or its weights do not fit.
+
+    Notes
+    -----
+    A file of an older format version is rebuilt with the constructor defaults of its time
+    (version 1: ``LSTM``/``GRU`` default to ``batch_first=True``), so it behaves as saved.
     """
     path = os.fspath(path)
     try:
@@ -423,11 +463,12 @@ def load(path: str | os.PathLike, device: str | backend.Device = "cpu") -> Modul
         _refuse_safetensors(path)
         raise
     architecture = _read_architecture(path, members)
+    version = architecture["version"]
     # Building may create what the file stores and some slack (layers that own no stored
     # array, rounding); far more means the architecture does not match the weights.
     stored = sum(int(array.size) for array in arrays.values())
     try:
-        model = module_from_config(architecture["model"], path, 2 * stored + 1_000_000)
+        model = module_from_config(architecture["model"], path, 2 * stored + 1_000_000, version)
     except (KeyError, TypeError, IndexError, AttributeError) as error:
         raise ValueError(f"{path}: cannot rebuild the stored architecture: {error!r}") from error
     except RecursionError:

@@ -271,6 +271,31 @@ def test_a_bidirectional_two_layer_lstm_loads_pytorch_weights(tmp_path, torch, r
     np.testing.assert_allclose(cell.numpy(), expected_cell.numpy(), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("layer_name", ["LSTM", "GRU"])
+def test_recurrent_layers_built_with_defaults_read_pytorchs_time_major_input(
+    tmp_path, torch, rng, layer_name
+):
+    """Issue 27 item 9: both sides built with default arguments agree on (T, N, F)."""
+    torch.manual_seed(0)
+    reference = getattr(torch.nn, layer_name)(5, 8, num_layers=2)
+    path = tmp_path / "recurrent.safetensors"
+    save_torch_state(torch, reference, path)
+    model = getattr(nn, layer_name)(5, 8, num_layers=2)
+    assert model.batch_first is False and reference.batch_first is False
+    nn.load_safetensors(model, path)
+    steps, batch = 6, 3  # unequal, so reading the axes the other way round cannot pass
+    sequence = rng.normal(size=(steps, batch, 5)).astype(np.float32)
+    output, final = model(Tensor(sequence))
+    with torch.no_grad():
+        expected, expected_final = reference(torch.from_numpy(sequence))
+    assert output.shape == tuple(expected.shape) == (steps, batch, 8)
+    np.testing.assert_allclose(output.numpy(), expected.numpy(), rtol=1e-5, atol=1e-6)
+    finals = final if layer_name == "LSTM" else (final,)
+    expected_finals = expected_final if layer_name == "LSTM" else (expected_final,)
+    for ours, theirs in zip(finals, expected_finals, strict=True):
+        np.testing.assert_allclose(ours.numpy(), theirs.numpy(), rtol=1e-5, atol=1e-6)
+
+
 def test_a_transformer_encoder_loads_pytorch_weights(tmp_path, torch, rng):
     torch.manual_seed(0)
     layer = torch.nn.TransformerEncoderLayer(16, 4, 32, batch_first=True)

@@ -1,4 +1,4 @@
-"""Model files are checked, not trusted (issue 16, items 9, 11, 17; issue 27, items 13, 18)."""
+"""Model files are checked, not trusted (issue 16, items 9, 11, 17; issue 27, items 9, 13, 18)."""
 
 from __future__ import annotations
 
@@ -107,6 +107,46 @@ def test_the_projects_own_models_load_without_importing_them_first(tmp_path):
     )
     assert completed.returncode == 0, completed.stderr[-2000:]
     assert completed.stdout.strip() == "GAN"
+
+
+# --- issue 27 item 9: files written while recurrent layers were batch-major by default ----------
+def test_a_version_1_file_rebuilds_recurrent_layers_with_the_default_of_its_time(tmp_path, rng):
+    with nn.init.seeded(0):
+        saved_model = nn.ModuleDict(
+            {
+                "lstm": nn.LSTM(3, 4, batch_first=True),
+                "gru": nn.GRU(3, 4, 2, True, False),  # batch_first given, by position
+                "bidirectional": nn.LSTM(3, 4, bidirectional=True, batch_first=True),
+            }
+        )
+    path = str(tmp_path / "old.bigdl")
+    nn.save(saved_model, path)
+
+    def as_version_1(architecture):
+        # What version 1 wrote for nn.LSTM(3, 4) and nn.LSTM(3, 4, bidirectional=True):
+        # no batch_first, since True was the default then.
+        architecture["version"] = 1
+        for _, entry in architecture["model"]["args"][0]["__dict__"]:
+            entry["__module__"]["kwargs"].pop("batch_first", None)
+
+    _rewrite(path, as_version_1)
+    loaded = nn.load(path)
+    assert {name: layer.batch_first for name, layer in loaded.items()} == {
+        "lstm": True,
+        "gru": False,
+        "bidirectional": True,
+    }
+    batch_major = Tensor(rng.normal(size=(2, 5, 3)).astype(np.float32))
+    for name, layer in loaded.items():
+        np.testing.assert_array_equal(
+            layer(batch_major)[0].numpy(), saved_model[name](batch_major)[0].numpy()
+        )
+
+
+def test_a_current_file_without_batch_first_is_time_major(tmp_path):
+    path = str(tmp_path / "new.bigdl")
+    nn.save(nn.GRU(3, 4), path)
+    assert nn.load(path).batch_first is False
 
 
 # --- issue 27 item 13: every array building makes is counted -----------------------------------
