@@ -212,10 +212,13 @@ def _normal_cdf(xp, x):
 class Softmax(Function):
     def forward(self, a, axis=-1):
         xp = backend.array_module(a)
+        self.axis = axis
+        if a.shape[axis] == 0:  # nothing to normalise (attention over no keys): empty, as PyTorch
+            self.save_for_backward(a)
+            return a.copy()
         shifted = a - a.max(axis=axis, keepdims=True)
         exps = xp.exp(shifted)
         out = exps / exps.sum(axis=axis, keepdims=True)
-        self.axis = axis
         self.save_for_backward(out)
         return out
 
@@ -227,9 +230,12 @@ class Softmax(Function):
 class LogSoftmax(Function):
     def forward(self, a, axis=-1):
         xp = backend.array_module(a)
+        self.axis = axis
+        if a.shape[axis] == 0:  # an empty axis: an empty result, as PyTorch
+            self.save_for_backward(a)
+            return a.copy()
         shifted = a - a.max(axis=axis, keepdims=True)
         out = shifted - xp.log(xp.exp(shifted).sum(axis=axis, keepdims=True))
-        self.axis = axis
         self.save_for_backward(out)
         return out
 

@@ -96,3 +96,12 @@ def test_relu_forward_equals_numpy_maximum_across_its_pieces(rng, dtype, contigu
         values = values[:, ::2]
     got = ops.relu(Tensor(values, _copy=False)).numpy()
     np.testing.assert_array_equal(got, np.maximum(values, 0))
+
+
+@pytest.mark.parametrize("apply", [ops.softmax, ops.log_softmax])
+def test_softmax_over_an_empty_axis_is_empty_as_pytorchs(torch, apply):
+    x = Tensor(np.zeros((2, 3, 0)), requires_grad=True)
+    output = apply(x, axis=-1)
+    assert output.shape == (2, 3, 0) == tuple(torch.softmax(torch.zeros(2, 3, 0), -1).shape)
+    output.sum().backward()
+    assert x.grad.shape == (2, 3, 0)
