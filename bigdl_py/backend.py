@@ -162,6 +162,13 @@ def scatter_reduce(target: Any, index: Any, values: Any, how: str) -> None:
         getattr(np, how).at(target, index, values)
 
 
+def check_floating(dtype: Any, who: str) -> None:
+    """Raise ``TypeError`` naming ``who`` (an op or a layer) unless ``dtype`` is floating point:
+    integer input would fail deep inside NumPy, or be silently truncated."""
+    if not is_floating(dtype):
+        raise TypeError(f"{who}: input must be floating point, got dtype {np.dtype(dtype)}")
+
+
 def as_numpy(array: Any) -> np.ndarray:
     """A host (NumPy) copy or view of ``array``."""
     return array.get() if is_cupy_array(array) else np.asarray(array)
