@@ -21,12 +21,8 @@ from bigdl_py.autograd import ops
 from bigdl_py.autograd.tensor import Tensor
 from bigdl_py.nn import init
 from bigdl_py.nn._recurrent_functions import GRUSequence, LSTMSequence
-from bigdl_py.nn.layers._base import (
-    check_positive_int,
-    check_probability,
-    empty_parameter,
-    parameter_dtype,
-)
+from bigdl_py.nn.layers._arguments import check_flag, check_positive_int, check_probability
+from bigdl_py.nn.layers._base import empty_parameter, parameter_dtype
 from bigdl_py.nn.module import Module
 
 __all__ = ["GRU", "LSTM"]
@@ -53,10 +49,10 @@ class _Recurrent(Module):
         self.input_size = check_positive_int(input_size, "input_size", name)
         self.hidden_size = check_positive_int(hidden_size, "hidden_size", name)
         self.num_layers = check_positive_int(num_layers, "num_layers", name)
-        self.bias = bool(bias)
-        self.batch_first = bool(batch_first)
+        self.bias = check_flag(bias, "bias", name)
+        self.batch_first = check_flag(batch_first, "batch_first", name)
         self.dropout = check_probability(dropout, "dropout", name)
-        self.bidirectional = bool(bidirectional)
+        self.bidirectional = check_flag(bidirectional, "bidirectional", name)
         dtype = parameter_dtype(dtype, name)
         gate_width = self._gate_count * self.hidden_size
         # PyTorch's registration order (and so the flat-parameter layout): per layer and
