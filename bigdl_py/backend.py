@@ -142,12 +142,31 @@ def scatter_add(target: Any, index: Any, values: Any) -> None:
     Plain ``target[index] += values`` keeps only one contribution per repeated index; the
     gradients of indexing and embedding need all of them.
     """
+    scatter_reduce(target, index, values, "add")
+
+
+_SCATTERS = {"add": "scatter_add", "maximum": "scatter_max", "minimum": "scatter_min"}
+
+
+def scatter_reduce(target: Any, index: Any, values: Any, how: str) -> None:
+    """``target[index] = how(target[index], values)`` in place over every repeated index.
+
+    ``how`` is ``"add"``, ``"maximum"`` or ``"minimum"`` (NumPy's ``ufunc.at``; on the GPU
+    ``cupyx.scatter_add``/``scatter_max``/``scatter_min``).
+    """
     if is_cupy_array(target):
         import cupyx  # noqa: PLC0415 - reached only with CuPy arrays, after cupy imported
 
-        cupyx.scatter_add(target, index, values)
+        getattr(cupyx, _SCATTERS[how])(target, index, values)
     else:
-        np.add.at(target, index, values)
+        getattr(np, how).at(target, index, values)
+
+
+def check_floating(dtype: Any, who: str) -> None:
+    """Raise ``TypeError`` naming ``who`` (an op or a layer) unless ``dtype`` is floating point:
+    integer input would fail deep inside NumPy, or be silently truncated."""
+    if not is_floating(dtype):
+        raise TypeError(f"{who}: input must be floating point, got dtype {np.dtype(dtype)}")
 
 
 def as_numpy(array: Any) -> np.ndarray:

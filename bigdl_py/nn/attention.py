@@ -23,12 +23,8 @@ from bigdl_py import backend
 from bigdl_py.autograd import ops
 from bigdl_py.autograd.tensor import Tensor
 from bigdl_py.nn import init
-from bigdl_py.nn.layers._base import (
-    check_positive_int,
-    check_probability,
-    empty_parameter,
-    parameter_dtype,
-)
+from bigdl_py.nn.layers._arguments import check_flag, check_positive_int, check_probability
+from bigdl_py.nn.layers._base import empty_parameter, parameter_dtype
 from bigdl_py.nn.layers.linear import Linear
 from bigdl_py.nn.module import Module
 
@@ -90,7 +86,8 @@ class MultiheadAttention(Module):
         self.kdim = self.embed_dim if kdim is None else check_positive_int(kdim, "kdim", name)
         self.vdim = self.embed_dim if vdim is None else check_positive_int(vdim, "vdim", name)
         self.dropout = check_probability(dropout, "dropout", name)
-        self.batch_first = bool(batch_first)
+        self.batch_first = check_flag(batch_first, "batch_first", name)
+        bias = check_flag(bias, "bias", name)
         dtype = parameter_dtype(dtype, name)
         width = self.embed_dim
         # PyTorch's registration order, hence its state_dict order and our flat layout.

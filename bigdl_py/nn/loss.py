@@ -20,6 +20,7 @@ from bigdl_py import backend
 from bigdl_py.autograd import ops
 from bigdl_py.autograd.tensor import Tensor
 from bigdl_py.nn import _loss_functions as functions
+from bigdl_py.nn.layers._arguments import check_probability, check_real
 from bigdl_py.nn.module import Module
 
 __all__ = [
@@ -93,6 +94,10 @@ class _Loss(Module):
             raise TypeError(
                 f"{type(self).__name__}: {name} must hold real numbers, got dtype {data.dtype}"
             )
+        if not np.isfinite(data).all():  # a NaN weight would make every loss NaN
+            raise ValueError(
+                f"{type(self).__name__}: {name} must be finite, got {data.tolist()!r:.200}"
+            )
         self.register_buffer(name, Tensor(data.astype(np.float64), _copy=True))
 
     def extra_repr(self) -> str:
@@ -163,9 +168,7 @@ class SmoothL1Loss(_ElementwiseLoss):
 
     def __init__(self, reduction: str = "mean", beta: float = 1.0):
         super().__init__(reduction)
-        if isinstance(beta, bool) or not isinstance(beta, (int, float)) or beta < 0:
-            raise ValueError(f"SmoothL1Loss: beta must be a number >= 0, got {beta!r}")
-        self.beta = float(beta)
+        self.beta = check_real(beta, "beta", "SmoothL1Loss", at_least=0)
 
     def extra_repr(self) -> str:
         return f"reduction={self.reduction!r}, beta={self.beta}"
@@ -342,16 +345,9 @@ class CrossEntropyLoss(_ClassLoss):
         label_smoothing: float = 0.0,
     ):
         super().__init__(weight, ignore_index, reduction)
-        if (
-            isinstance(label_smoothing, bool)
-            or not isinstance(label_smoothing, (int, float))
-            or not 0.0 <= label_smoothing <= 1.0
-        ):
-            raise ValueError(
-                f"CrossEntropyLoss: label_smoothing must be a number in [0, 1], got "
-                f"{label_smoothing!r}"
-            )
-        self.label_smoothing = float(label_smoothing)
+        self.label_smoothing = check_probability(
+            label_smoothing, "label_smoothing", "CrossEntropyLoss"
+        )
 
     def forward(self, input, target):  # noqa: A002 - PyTorch's argument name
         logits = self._input(input)

@@ -17,6 +17,7 @@ import numpy as np
 
 from bigdl_py import backend
 from bigdl_py.autograd.tensor import Tensor
+from bigdl_py.nn import _build_budget
 
 
 class Parameter(Tensor):
@@ -81,11 +82,15 @@ class Module:
             )
         for registry in ("_parameters", "_buffers", "_modules"):
             self.__dict__[registry].pop(name, None)
+        # State kept by a module is counted against nn.load's build budget (a no-op else).
         if isinstance(value, Parameter):
+            _build_budget.count_array(value)
             self._parameters[name] = value
         elif isinstance(value, Module):
+            _build_budget.count_module(value)
             self._modules[name] = value
         elif name in self.__dict__.get("_buffer_names", ()):
+            _build_budget.count_array(value)
             self._buffers[name] = value
         else:
             object.__setattr__(self, name, value)
@@ -111,6 +116,7 @@ class Module:
             object.__setattr__(self, "_buffer_names", set())
         self.__dict__["_buffer_names"].add(name)
         self.__dict__.pop(name, None)
+        _build_budget.count_array(value)
         self._buffers[name] = value
 
     def register_parameter(self, name: str, value: Parameter | None) -> None:

@@ -21,12 +21,8 @@ from bigdl_py.autograd import ops
 from bigdl_py.autograd.tensor import Tensor
 from bigdl_py.nn import init
 from bigdl_py.nn._recurrent_functions import GRUSequence, LSTMSequence
-from bigdl_py.nn.layers._base import (
-    check_positive_int,
-    check_probability,
-    empty_parameter,
-    parameter_dtype,
-)
+from bigdl_py.nn.layers._arguments import check_flag, check_positive_int, check_probability
+from bigdl_py.nn.layers._base import empty_parameter, parameter_dtype
 from bigdl_py.nn.module import Module
 
 __all__ = ["GRU", "LSTM"]
@@ -43,7 +39,7 @@ class _Recurrent(Module):
         hidden_size: int,
         num_layers: int = 1,
         bias: bool = True,
-        batch_first: bool = True,
+        batch_first: bool = False,
         dropout: float = 0.0,
         bidirectional: bool = False,
         dtype: Any = None,
@@ -53,10 +49,10 @@ class _Recurrent(Module):
         self.input_size = check_positive_int(input_size, "input_size", name)
         self.hidden_size = check_positive_int(hidden_size, "hidden_size", name)
         self.num_layers = check_positive_int(num_layers, "num_layers", name)
-        self.bias = bool(bias)
-        self.batch_first = bool(batch_first)
+        self.bias = check_flag(bias, "bias", name)
+        self.batch_first = check_flag(batch_first, "batch_first", name)
         self.dropout = check_probability(dropout, "dropout", name)
-        self.bidirectional = bool(bidirectional)
+        self.bidirectional = check_flag(bidirectional, "bidirectional", name)
         dtype = parameter_dtype(dtype, name)
         gate_width = self._gate_count * self.hidden_size
         # PyTorch's registration order (and so the flat-parameter layout): per layer and
@@ -201,8 +197,8 @@ class _Recurrent(Module):
             text += f", num_layers={self.num_layers}"
         if not self.bias:
             text += ", bias=False"
-        if not self.batch_first:
-            text += ", batch_first=False"
+        if self.batch_first:
+            text += ", batch_first=True"
         if self.dropout:
             text += f", dropout={self.dropout}"
         if self.bidirectional:
@@ -230,8 +226,9 @@ class LSTM(_Recurrent):
     bias : bool
         Learn ``b_ih`` and ``b_hh`` (default True).
     batch_first : bool
-        Input and output are ``(N, T, F)`` (default True; note that PyTorch's default is
-        False) or, when False, ``(T, N, F)``.
+        Input and output are ``(T, N, F)`` (default False, as in PyTorch) or, when True,
+        ``(N, T, F)`` (BigDL's layout). Until format version 2 of ``nn.save`` the default
+        was True; model files written then still load as saved.
     dropout : float
         Dropout on each layer's output except the last, in training only.
     bidirectional : bool
@@ -257,7 +254,7 @@ class LSTM(_Recurrent):
         hidden_size: int,
         num_layers: int = 1,
         bias: bool = True,
-        batch_first: bool = True,
+        batch_first: bool = False,
         dropout: float = 0.0,
         bidirectional: bool = False,
         dtype: Any = None,
@@ -272,7 +269,7 @@ class LSTM(_Recurrent):
         Parameters
         ----------
         input : Tensor
-            ``(N, T, input_size)`` (``(T, N, input_size)`` when ``batch_first=False``).
+            ``(T, N, input_size)`` (``(N, T, input_size)`` when ``batch_first=True``).
         hx : (Tensor, Tensor), optional
             Initial ``(h_0, c_0)``, each ``(num_layers * D, N, hidden_size)`` with ``D`` 2
             when bidirectional, else 1; zeros if omitted.
@@ -280,8 +277,8 @@ class LSTM(_Recurrent):
         Returns
         -------
         output : Tensor
-            The last layer's hidden state at every step, ``(N, T, D * H)`` (or
-            ``(T, N, D * H)``); when bidirectional, the forward direction's features first.
+            The last layer's hidden state at every step, ``(T, N, D * H)`` (or
+            ``(N, T, D * H)``); when bidirectional, the forward direction's features first.
         (h_n, c_n) : (Tensor, Tensor)
             The final hidden and cell states of every layer and direction, each
             ``(num_layers * D, N, H)``, ordered layer 0 forward, layer 0 reverse, layer 1
@@ -337,7 +334,7 @@ class GRU(_Recurrent):
         hidden_size: int,
         num_layers: int = 1,
         bias: bool = True,
-        batch_first: bool = True,
+        batch_first: bool = False,
         dropout: float = 0.0,
         bidirectional: bool = False,
         dtype: Any = None,
@@ -352,15 +349,15 @@ class GRU(_Recurrent):
         Parameters
         ----------
         input : Tensor
-            ``(N, T, input_size)`` (``(T, N, input_size)`` when ``batch_first=False``).
+            ``(T, N, input_size)`` (``(N, T, input_size)`` when ``batch_first=True``).
         hx : Tensor, optional
             Initial hidden state ``(num_layers * D, N, hidden_size)``; zeros if omitted.
 
         Returns
         -------
         output : Tensor
-            The last layer's hidden state at every step, ``(N, T, D * H)`` (or
-            ``(T, N, D * H)``).
+            The last layer's hidden state at every step, ``(T, N, D * H)`` (or
+            ``(N, T, D * H)``).
         h_n : Tensor
             The final hidden state of every layer and direction, ``(num_layers * D, N, H)``,
             ordered as for :class:`LSTM`.

@@ -19,46 +19,17 @@ parameter) is a mismatch. On save, every tensor keeps its dtype.
 
 from __future__ import annotations
 
-import json
 import os
-import struct
 from collections import OrderedDict
 from collections.abc import Mapping
 
 import numpy as np
 
+from bigdl_py.nn._safetensors_header import FLOAT_DTYPES, INTEGER_DTYPES, read_header
 from bigdl_py.nn.module import Module
 from bigdl_py.nn.serialization import atomic_write
 
 __all__ = ["load_safetensors", "save_safetensors"]
-
-# How torch.save files begin: a zip archive (PyTorch >= 1.6) or a bare pickle (older ones).
-_ZIP_MAGIC = b"PK\x03\x04"
-_PICKLE_PROTOCOL_OPCODE = 0x80
-_HEADER_LENGTH_BYTES = 8
-# The safetensors format caps its header at 100 MB; a larger length means another format.
-_MAX_HEADER_BYTES = 100_000_000
-
-# safetensors dtype names -> NumPy dtypes; BF16 has no NumPy dtype and is widened by hand.
-_FLOAT_DTYPES = {"F16": np.float16, "F32": np.float32, "F64": np.float64, "BF16": None}
-_INTEGER_DTYPES = {
-    "I8": np.int8,
-    "I16": np.int16,
-    "I32": np.int32,
-    "I64": np.int64,
-    "U8": np.uint8,
-    "U16": np.uint16,
-    "U32": np.uint32,
-    "U64": np.uint64,
-}
-
-_CONVERT_HINT = (
-    "convert it once where PyTorch is installed: "
-    "import torch, safetensors.torch; "
-    "safetensors.torch.save_file(model.state_dict(), 'model.safetensors') "
-    "(for a file holding a bare state_dict: "
-    "safetensors.torch.save_file(torch.load(path, weights_only=True), 'model.safetensors'))"
-)
 
 
 def save_safetensors(
@@ -136,9 +107,8 @@ def load_safetensors(
         If ``path`` does not exist.
     """
     path = os.fspath(path)
-    header, data_start = _read_header(path)
+    entries, data_start = read_header(path)
     targets = _named_tensors(model)
-    entries = {name: entry for name, entry in header.items() if name != "__metadata__"}
     missing = [name for name in targets if name not in entries]
     unexpected = [name for name in entries if name not in targets]
     mismatches = []
@@ -182,11 +152,11 @@ def _named_tensors(model: Module) -> OrderedDict:
 def _dtype_problem(file_dtype: str, target_dtype: np.dtype) -> str | None:
     """Why a tensor stored as ``file_dtype`` cannot load into ``target_dtype``, or None."""
     target_dtype = np.dtype(target_dtype)
-    if file_dtype in _FLOAT_DTYPES:
+    if file_dtype in FLOAT_DTYPES:
         if target_dtype.kind == "f":
             return None
-    elif file_dtype in _INTEGER_DTYPES:
-        if target_dtype.kind in "iu" and np.can_cast(_INTEGER_DTYPES[file_dtype], target_dtype):
+    elif file_dtype in INTEGER_DTYPES:
+        if target_dtype.kind in "iu" and np.can_cast(INTEGER_DTYPES[file_dtype], target_dtype):
             return None
         if target_dtype.kind in "iu":
             return f"file dtype {file_dtype} does not fit model dtype {target_dtype}"
@@ -195,60 +165,24 @@ def _dtype_problem(file_dtype: str, target_dtype: np.dtype) -> str | None:
     return f"file dtype {file_dtype} cannot load into model dtype {target_dtype}"
 
 
-def _read_header(path: str) -> tuple[dict, int]:
-    """The parsed JSON header and the offset where the tensor data starts."""
-    size = os.path.getsize(path)
-    with open(path, "rb") as file:
-        start = file.read(_HEADER_LENGTH_BYTES)
-        if start.startswith(_ZIP_MAGIC) or (start[:1] and start[0] == _PICKLE_PROTOCOL_OPCODE):
-            kind = "a zip archive" if start.startswith(_ZIP_MAGIC) else "a pickle"
-            raise ValueError(
-                f"load_safetensors: {path} is {kind}, as torch.save writes (a bigdl_py "
-                "nn.save file is a zip too); bigdl_py never unpickles a file, since that can "
-                f"run arbitrary code. If it holds PyTorch weights, {_CONVERT_HINT}"
-            )
-        if len(start) < _HEADER_LENGTH_BYTES:
-            raise ValueError(f"load_safetensors: {path} is too short to be a safetensors file")
-        (length,) = struct.unpack("<Q", start)
-        if length > min(_MAX_HEADER_BYTES, size - _HEADER_LENGTH_BYTES):
-            raise ValueError(
-                f"load_safetensors: {path} is not a safetensors file or is truncated "
-                f"(header length {length} in a file of {size} bytes)"
-            )
-        text = file.read(length)
-    try:
-        header = json.loads(text.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ValueError(
-            f"load_safetensors: {path} is not a safetensors file (bad header: {error})"
-        ) from None
-    data_start = _HEADER_LENGTH_BYTES + length
-    for name, entry in header.items():
-        if name == "__metadata__":
-            continue
-        try:
-            begin, end = (int(offset) for offset in entry["data_offsets"])
-            entry["shape"] = [int(extent) for extent in entry["shape"]]
-            str(entry["dtype"])
-        except (KeyError, TypeError, ValueError):
-            raise ValueError(f"load_safetensors: {path}: bad header entry for {name!r}") from None
-        if data_start + end > size or begin > end:
-            raise ValueError(
-                f"load_safetensors: {path} is truncated ({name!r} needs bytes up to "
-                f"{data_start + end}, the file has {size})"
-            )
-    return header, data_start
-
-
 def _read_arrays(path: str, entries: Mapping[str, dict], data_start: int) -> dict:
     """Read the named tensors as NumPy arrays; BF16 widened exactly to float32."""
-    from safetensors import safe_open  # noqa: PLC0415 - an optional import kept local
+    from safetensors import SafetensorError, safe_open  # noqa: PLC0415 - optional, kept local
 
     arrays = {}
-    with safe_open(path, framework="numpy") as opened:
-        for name, entry in entries.items():
-            if entry["dtype"] != "BF16":
-                arrays[name] = opened.get_tensor(name)
+    name = None
+    # read_header has checked what the format asks; should the library still refuse the
+    # file (a rule it adds later), say so as the documented ValueError, naming the file.
+    try:
+        with safe_open(path, framework="numpy") as opened:
+            for name, entry in entries.items():
+                if entry["dtype"] != "BF16":
+                    arrays[name] = opened.get_tensor(name)
+    except SafetensorError as error:
+        tensor = "" if name is None else f" (reading tensor {name!r})"
+        raise ValueError(
+            f"load_safetensors: {path}: the safetensors library refused the file{tensor}: {error}"
+        ) from None
     bf16 = {name: entry for name, entry in entries.items() if entry["dtype"] == "BF16"}
     if bf16:
         with open(path, "rb") as file:

@@ -11,6 +11,10 @@ called with (``Module._init_args``), nested modules recursively; a functional-gr
 constructors with the stored plain values. It never imports a module or runs stored code,
 so a crafted file can at worst name a class that is not there, which raises.
 
+Files carry a format version. When a constructor default changes, the version goes up and
+files of older versions are rebuilt with the old default where they relied on it, so a
+saved model behaves as it did (version 2: ``LSTM``/``GRU`` became time-major by default).
+
 The helpers :func:`atomic_write`, :func:`write_npz` and :func:`read_npz` are shared with
 training checkpoints (``bigdl_py.train.checkpoint``).
 """
@@ -18,6 +22,7 @@ training checkpoints (``bigdl_py.train.checkpoint``).
 from __future__ import annotations
 
 import contextlib
+import inspect
 import io
 import json
 import os
@@ -30,13 +35,16 @@ from typing import IO, Any
 import numpy as np
 
 from bigdl_py import backend
+from bigdl_py.nn import _build_budget
+from bigdl_py.nn._safetensors_header import is_safetensors_file
 from bigdl_py.nn.graph import Model as GraphModel
 from bigdl_py.nn.module import Module
 
 __all__ = ["load", "register_module", "save"]
 
 FORMAT = "bigdl_py.model"
-FORMAT_VERSION = 1
+# 2: LSTM and GRU default to batch_first=False (PyTorch's); version 1 files load as saved.
+FORMAT_VERSION = 2
 ARCHITECTURE_MEMBER = "architecture.json"
 
 _registered: dict[str, type] = {}
@@ -245,8 +253,9 @@ class _Encoder:
 class _Decoder:
     """Rebuilds modules from :class:`_Encoder` output using only the class registry."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, format_version: int = FORMAT_VERSION):
         self.path = path
+        self.format_version = format_version
         self.built: dict[int, Module] = {}
         self.classes = _registry()
 
@@ -269,6 +278,7 @@ class _Decoder:
         else:
             args = [self.value(item) for item in config.get("args", [])]
             kwargs = {key: self.value(item) for key, item in config.get("kwargs", {}).items()}
+            kwargs = _with_old_defaults(cls, args, kwargs, self.format_version)
             module = cls(*args, **kwargs)
         training = config.get("training", True)
         if not isinstance(training, bool):  # "false" would be truthy: check, never coerce
@@ -299,38 +309,68 @@ class _Decoder:
         raise ValueError(f"{self.path}: unknown value encoding {sorted(value)}")
 
 
+def _defaults_before() -> dict[int, dict[type, dict[str, Any]]]:
+    """Constructor defaults that changed, keyed by the format version that changed them.
+
+    A file of an older version stores only the arguments its code passed; where it left
+    one of these out, the module was built with the old default, and is built so again.
+    Exact classes only: a registered subclass has its own signature and defaults.
+    """
+    from bigdl_py.nn.recurrent import GRU, LSTM
+
+    # Version 2: recurrent layers became time-major by default, as in PyTorch.
+    return {2: {LSTM: {"batch_first": True}, GRU: {"batch_first": True}}}
+
+
+def _with_old_defaults(cls: type, args: list, kwargs: dict, format_version: int) -> dict:
+    """``kwargs`` plus the old defaults, of a file older than their change, that it relied on."""
+    for changed_in, classes in _defaults_before().items():
+        old_defaults = classes.get(cls)
+        if format_version >= changed_in or old_defaults is None:
+            continue
+        given = inspect.signature(cls).bind_partial(*args, **kwargs).arguments
+        kwargs = {**{k: v for k, v in old_defaults.items() if k not in given}, **kwargs}
+    return kwargs
+
+
 def module_config(module: Module) -> dict:
     """The architecture of ``module`` as JSON values (see :func:`save`)."""
     return _Encoder().module(module)
 
 
 def module_from_config(
-    config: Mapping, source: str = "<config>", max_values: int | None = None
+    config: Mapping,
+    source: str = "<config>",
+    max_values: int | None = None,
+    format_version: int = FORMAT_VERSION,
 ) -> Module:
     """Build a module (fresh weights) from :func:`module_config` output.
 
-    ``max_values`` bounds how many initial weight values construction may draw: ``load``
-    passes what the file stores, so a small file declaring a huge layer fails at once
-    instead of filling gigabytes that its stored weights would then not fit.
+    ``max_values`` bounds the array values the built modules may hold (``_build_budget``):
+    ``load`` passes about what the file stores, so a small file declaring a huge layer fails
+    at once instead of filling gigabytes that its stored weights would then not fit.
+    ``format_version`` is the file's: constructor defaults that changed since are given
+    their old values where the file relied on them (:func:`_defaults_before`).
     """
     from bigdl_py.nn import init
 
+    budget = contextlib.nullcontext()
+    if max_values is not None:
+        budget = _build_budget.limit(max_values, source)
     # Building draws initial weights; a private stream keeps the user's seeded one untouched.
-    with init.seeded(0) as generator:
+    with budget, init.seeded(0) as generator:
         if max_values is not None:
             # init's draws all go through this module-level generator (init._generator).
-            init._default_generator = _DrawBudget(generator, max_values, source)
-        return _Decoder(source).module(config)
+            init._default_generator = _ReservingGenerator(generator)
+        return _Decoder(source, format_version).module(config)
 
 
-class _DrawBudget:
-    """A random generator that refuses to draw more than ``limit`` values in all."""
+class _ReservingGenerator:
+    """A random generator whose draws first ask the build budget for room: a draw of many
+    values that no parameter holds (a registered class's own) is refused before it runs."""
 
-    def __init__(self, generator: np.random.Generator, limit: int, source: str):
+    def __init__(self, generator: np.random.Generator):
         self._generator = generator
-        self._limit = limit
-        self._source = source
-        self._drawn = 0
 
     def __getattr__(self, name: str) -> Any:
         method = getattr(self._generator, name)
@@ -339,13 +379,7 @@ class _DrawBudget:
 
         def draw(*args: Any, **kwargs: Any) -> Any:
             size = kwargs.get("size")
-            self._drawn += 1 if size is None else int(np.prod(size, dtype=np.float64))
-            if self._drawn > self._limit:
-                raise ValueError(
-                    f"{self._source}: the stored architecture declares more weights than the "
-                    f"file holds (building it needs over {self._drawn:,} values, the file "
-                    f"stores {self._limit:,} in all); refusing to allocate them"
-                )
+            _build_budget.reserve(1 if size is None else tuple(np.atleast_1d(size)))
             return method(*args, **kwargs)
 
         return draw
@@ -412,31 +446,36 @@ def load(path: str | os.PathLike, device: str | backend.Device = "cpu") -> Modul
     Raises
     ------
     ValueError
-        When the file is corrupt or truncated, is not a bigdl_py model, names an unknown
-        class, or its weights do not fit the architecture.
+        Naming the file and the problem: it is corrupt or truncated, is not a bigdl_py
+        model (a safetensors file is named as one, with the call that loads it), has a
+        malformed, too deeply nested or newer-version architecture, names an unknown
+        class, declares more weights than it stores, or its weights do not fit.
+
+    Notes
+    -----
+    A file of an older format version is rebuilt with the constructor defaults of its time
+    (version 1: ``LSTM``/``GRU`` default to ``batch_first=True``), so it behaves as saved.
     """
     path = os.fspath(path)
-    arrays, members = read_npz(path)
     try:
-        architecture = json.loads(members[ARCHITECTURE_MEMBER].decode("utf-8"))
-    except (KeyError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ValueError(f"{path} is not a bigdl_py model file ({error!r})") from None
-    if architecture.get("format") != FORMAT:
-        raise ValueError(
-            f"{path} is not a bigdl_py model file (format {architecture.get('format')!r})"
-        )
-    if architecture.get("version", 0) > FORMAT_VERSION:
-        raise ValueError(
-            f"{path} was written by a newer bigdl_py (model format version "
-            f"{architecture['version']}; this one reads up to {FORMAT_VERSION})"
-        )
-    # Initialisation may draw what the file stores and some slack (layers that own no stored
+        arrays, members = read_npz(path)
+    except ValueError:
+        _refuse_safetensors(path)
+        raise
+    architecture = _read_architecture(path, members)
+    version = architecture["version"]
+    # Building may create what the file stores and some slack (layers that own no stored
     # array, rounding); far more means the architecture does not match the weights.
     stored = sum(int(array.size) for array in arrays.values())
     try:
-        model = module_from_config(architecture["model"], path, 2 * stored + 1_000_000)
+        model = module_from_config(architecture["model"], path, 2 * stored + 1_000_000, version)
     except (KeyError, TypeError, IndexError, AttributeError) as error:
         raise ValueError(f"{path}: cannot rebuild the stored architecture: {error!r}") from error
+    except RecursionError:
+        raise ValueError(
+            f"{path}: the stored architecture is nested too deeply to rebuild (modules inside "
+            "modules beyond Python's recursion limit); the file is damaged or crafted"
+        ) from None
     except MemoryError:
         raise ValueError(
             f"{path}: the stored architecture declares layers too large to allocate, while the "
@@ -448,6 +487,56 @@ def load(path: str | os.PathLike, device: str | backend.Device = "cpu") -> Modul
         raise ValueError(f"{path}: the weights do not fit the architecture: {error}") from None
     _keep_saved_dtypes(model, arrays, path)
     return model.to(device)
+
+
+def _read_architecture(path: str, members: Mapping[str, bytes]) -> dict:
+    """The parsed, checked ``architecture.json`` of a model file: a JSON object of this
+    format with a version this bigdl_py reads and a module object."""
+    try:
+        architecture = json.loads(members[ARCHITECTURE_MEMBER].decode("utf-8"))
+    except (KeyError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{path} is not a bigdl_py model file ({error!r})") from None
+    except RecursionError:
+        raise ValueError(
+            f"{path}: {ARCHITECTURE_MEMBER} is nested too deeply to read (beyond Python's "
+            "recursion limit); the file is damaged or crafted"
+        ) from None
+    if not isinstance(architecture, dict):
+        raise ValueError(
+            f"{path}: {ARCHITECTURE_MEMBER} holds a JSON {type(architecture).__name__}, not "
+            "the object nn.save writes; this is not a bigdl_py model file"
+        )
+    if architecture.get("format") != FORMAT:
+        raise ValueError(
+            f"{path} is not a bigdl_py model file (format {architecture.get('format')!r})"
+        )
+    version = architecture.get("version")
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise ValueError(
+            f"{path}: model format version {version!r} is not a positive integer (nn.save "
+            f"writes {FORMAT_VERSION}); the file is damaged or was not written by bigdl_py"
+        )
+    if version > FORMAT_VERSION:
+        raise ValueError(
+            f"{path} was written by a newer bigdl_py (model format version {version}; this "
+            f"one reads up to {FORMAT_VERSION})"
+        )
+    if not isinstance(architecture.get("model"), dict):
+        raise ValueError(
+            f"{path}: {ARCHITECTURE_MEMBER} has no module object under 'model' (got "
+            f"{type(architecture.get('model')).__name__}); the file is damaged"
+        )
+    return architecture
+
+
+def _refuse_safetensors(path: str) -> None:
+    """Raise a clear error when ``path``, which is no model zip, is a safetensors file."""
+    if is_safetensors_file(path):
+        raise ValueError(
+            f"{path} is a safetensors file (weights by name, no architecture), not a model "
+            "file written by bigdl_py.nn.save: build the model in code, then call "
+            "bigdl_py.nn.load_safetensors(model, path)"
+        )
 
 
 def _keep_saved_dtypes(model: Module, arrays: Mapping[str, np.ndarray], path: str) -> None:

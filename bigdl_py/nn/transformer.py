@@ -8,7 +8,6 @@ name. PyTorch's fused inference fast path is not reproduced; the results are the
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import numpy as np
@@ -16,7 +15,13 @@ import numpy as np
 from bigdl_py.autograd import ops
 from bigdl_py.nn.attention import MultiheadAttention, causal_mask
 from bigdl_py.nn.containers import ModuleList
-from bigdl_py.nn.layers._base import check_positive_int, check_probability
+from bigdl_py.nn.layers._arguments import (
+    check_flag,
+    check_positive_int,
+    check_probability,
+    check_real,
+)
+from bigdl_py.nn.layers._base import deep_copies
 from bigdl_py.nn.layers.dropout import Dropout
 from bigdl_py.nn.layers.linear import Linear
 from bigdl_py.nn.layers.normalization import LayerNorm
@@ -85,8 +90,10 @@ class TransformerEncoderLayer(Module):
                 f"{name}: activation must be one of {sorted(_ACTIVATIONS)}, got {activation!r}"
             )
         self.activation = activation
-        self.norm_first = bool(norm_first)
-        self.batch_first = bool(batch_first)
+        layer_norm_eps = check_real(layer_norm_eps, "layer_norm_eps", name, above=0)
+        self.norm_first = check_flag(norm_first, "norm_first", name)
+        self.batch_first = check_flag(batch_first, "batch_first", name)
+        bias = check_flag(bias, "bias", name)
         # PyTorch's order of registration, hence its state_dict order.
         self.self_attn = MultiheadAttention(
             d_model, nhead, dropout=dropout, bias=bias, batch_first=batch_first, dtype=dtype
@@ -188,7 +195,12 @@ class TransformerEncoder(Module):
                 f"{type(encoder_layer).__name__}"
             )
         self.num_layers = check_positive_int(num_layers, "num_layers", "TransformerEncoder")
-        self.layers = ModuleList(copy.deepcopy(encoder_layer) for _ in range(self.num_layers))
+        for flag, value in (
+            ("enable_nested_tensor", enable_nested_tensor),
+            ("mask_check", mask_check),
+        ):
+            check_flag(value, flag, "TransformerEncoder")  # unused, but a typo is still refused
+        self.layers = ModuleList(deep_copies(encoder_layer, self.num_layers))
         if norm is not None and not isinstance(norm, Module):
             raise TypeError(
                 f"TransformerEncoder: norm must be a Module or None, got {type(norm).__name__}"

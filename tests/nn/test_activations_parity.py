@@ -113,11 +113,11 @@ def test_prelu_shape_error_names_the_layer_and_the_shape():
 @pytest.mark.parametrize(
     "build, message",
     [
-        (lambda: nn.ELU(alpha="1"), r"ELU: alpha must be a number, got '1'"),
+        (lambda: nn.ELU(alpha="1"), r"ELU: alpha must be a finite number, got '1'"),
         (lambda: nn.Softplus(beta=0), r"Softplus: beta must be > 0, got 0"),
         (lambda: nn.Hardtanh(1.0, -1.0), r"Hardtanh: max_val \(-1.0\) must be greater than"),
         (lambda: nn.PReLU(0), r"PReLU: num_parameters must be a positive integer, got 0"),
-        (lambda: nn.PReLU(init=None), r"PReLU: init must be a number, got None"),
+        (lambda: nn.PReLU(init=None), r"PReLU: init must be a finite number, got None"),
     ],
 )
 def test_bad_settings_raise_naming_the_layer_and_the_setting(build, message):

@@ -299,6 +299,59 @@ def test_initialisation_is_pytorchs(kdim):
     assert np.abs(layer.out_proj.weight.numpy()).max() <= out_bound
 
 
+@pytest.mark.parametrize("need_weights", [True, False])
+@pytest.mark.parametrize("layout", ["time_major", "batch_first", "unbatched"])
+def test_zero_length_keys_give_pytorchs_outputs(torch, need_weights, layout):
+    """Issue 27 item 20: attending to no keys is a weighted sum of nothing, zeros, so the
+    output is the output projection's bias and the weights are (N, L, 0), as PyTorch gives."""
+    ours = build({"batch_first": layout == "batch_first"})
+    ours.out_proj.bias.data[...] = np.random.default_rng(3).standard_normal(EMBED)
+    theirs = torch.nn.MultiheadAttention(EMBED, HEADS, batch_first=ours.batch_first).double()
+    theirs.load_state_dict(
+        {name: torch.from_numpy(value) for name, value in ours.state_dict().items()}, strict=True
+    )
+    shapes = {
+        "time_major": ((TARGET, BATCH, EMBED), (0, BATCH, EMBED)),
+        "batch_first": ((BATCH, TARGET, EMBED), (BATCH, 0, EMBED)),
+        "unbatched": ((TARGET, EMBED), (0, EMBED)),
+    }[layout]
+    query = np.random.default_rng(4).standard_normal(shapes[0])
+    keys = np.zeros(shapes[1])
+    our_query, our_keys = Tensor(query, requires_grad=True), Tensor(keys, requires_grad=True)
+    their_query = torch.tensor(query, requires_grad=True)
+    their_keys = torch.tensor(keys, requires_grad=True)
+    output, weights = ours(our_query, our_keys, our_keys, need_weights=need_weights)
+    expected, expected_weights = theirs(
+        their_query, their_keys, their_keys, need_weights=need_weights
+    )
+    np.testing.assert_allclose(output.numpy(), expected.detach().numpy(), rtol=1e-12)
+    assert output.shape == tuple(expected.shape)
+    if need_weights:
+        assert weights.shape == tuple(expected_weights.shape)
+    else:
+        assert weights is None and expected_weights is None
+    upstream = np.random.default_rng(5).standard_normal(output.shape)
+    output.backward(upstream)
+    expected.backward(torch.from_numpy(upstream))
+    np.testing.assert_array_equal(our_query.grad.numpy(), their_query.grad.numpy())
+    assert our_keys.grad.shape == tuple(their_keys.grad.shape)
+    np.testing.assert_allclose(
+        ours.out_proj.bias.grad.numpy(), theirs.out_proj.bias.grad.numpy(), rtol=1e-12
+    )
+
+
+def test_zero_length_keys_give_the_output_bias_without_pytorch():
+    layer = build({}).eval()
+    layer.out_proj.bias.data[...] = [1.0, -2.0, 3.0, 0.5]
+    output, weights = layer(
+        np.ones((TARGET, BATCH, EMBED)), np.ones((0, BATCH, EMBED)), np.ones((0, BATCH, EMBED))
+    )
+    np.testing.assert_array_equal(
+        output.numpy(), np.broadcast_to([1.0, -2.0, 3.0, 0.5], output.shape)
+    )
+    assert weights.shape == (BATCH, TARGET, 0)
+
+
 def test_save_load_round_trip(tmp_path):
     layer = build({"kdim": 3, "vdim": 5, "batch_first": True, "dropout": 0.2}).eval()
     path = tmp_path / "attention.bigdl"

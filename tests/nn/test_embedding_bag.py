@@ -8,6 +8,8 @@ per-sample weights in float64 to 1e-5 relative.
 
 from __future__ import annotations
 
+import tracemalloc
+
 import numpy as np
 import pytest
 
@@ -20,6 +22,9 @@ VOCABULARY, WIDTH = 7, 3
 FLAT = np.array([1, 2, 2, 4, 5, 1, 0, 3, 6])  # index 2 twice in the first bag
 OFFSETS = np.array([0, 3, 3, 6])  # the second bag is empty
 ROWS = np.array([[1, 2, 4], [6, 6, 0], [3, 2, 5]])
+# Bags of very uneven sizes (1, 1, 36, 0, 2): the max must not pad every bag to the longest.
+SKEWED = np.random.default_rng(5).integers(0, VOCABULARY, 40)
+SKEWED_OFFSETS = np.array([0, 1, 2, 38, 38])
 
 # (id, layer kwargs, indices, offsets, with per-sample weights)
 CASES = [
@@ -29,6 +34,8 @@ CASES = [
     ("sum_offsets", {"mode": "sum"}, FLAT, OFFSETS, False),
     ("mean_offsets", {}, FLAT, OFFSETS, False),
     ("max_offsets", {"mode": "max"}, FLAT, OFFSETS, False),
+    ("max_skewed_bags", {"mode": "max"}, SKEWED, SKEWED_OFFSETS, False),
+    ("max_skewed_bags_padding", {"mode": "max", "padding_idx": 3}, SKEWED, SKEWED_OFFSETS, False),
     (
         "mean_include_last_offset",
         {"include_last_offset": True},
@@ -134,6 +141,40 @@ def test_embedding_bag_on_cuda_matches_cpu(kwargs, indices, offsets, weighted):
             results[-1].append(per_sample.grad.numpy())
     for on_cpu, on_cuda in zip(*results, strict=True):
         np.testing.assert_allclose(on_cuda, on_cpu, rtol=1e-10, atol=1e-12)
+
+
+def test_max_of_one_long_bag_among_short_ones_needs_memory_of_the_indices_only():
+    """Issue 27 item 14: padding every bag to the longest took bags x longest x D."""
+    sizes = np.ones(400, dtype=np.int64)
+    sizes[200] = 5_000
+    indices = np.random.default_rng(0).integers(0, 50, int(sizes.sum()))
+    offsets = np.r_[0, np.cumsum(sizes)[:-1]]
+    layer = nn.EmbeddingBag(50, 8, mode="max")
+    tracemalloc.start()
+    try:
+        output = layer(indices, offsets)
+        output.sum().backward()
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    # Padded to the longest bag: 400 x 5000 x 8 float32 = 64 MB; the indices' rows: 0.2 MB.
+    assert peak < 8_000_000
+    rows = layer.weight.numpy()[indices]
+    np.testing.assert_array_equal(output.numpy()[200], rows[199:5199].max(axis=0))
+    np.testing.assert_array_equal(output.numpy()[:199], rows[:199])
+
+
+def test_a_nan_is_its_bags_maximum_and_takes_the_gradient():
+    # As torch.max and np.max (and this layer before), not as PyTorch's EmbeddingBag, whose
+    # max keeps a NaN only when it comes first in its bag: order should not decide that.
+    layer = nn.EmbeddingBag(4, 2, mode="max", dtype=F64)
+    layer.weight.data[...] = [[0.0, 1.0], [np.nan, 5.0], [2.0, 9.0], [3.0, 3.0]]
+    output = layer(np.array([[0, 1, 2], [3, 0, 0]]))
+    np.testing.assert_array_equal(output.numpy(), [[np.nan, 9.0], [3.0, 3.0]])
+    output.backward(np.ones((2, 2)))
+    np.testing.assert_array_equal(
+        layer.weight.grad.numpy(), [[0.0, 0.0], [1.0, 0.0], [0.0, 1.0], [1.0, 1.0]]
+    )
 
 
 def test_bags_equal_embedding_lookups_reduced():

@@ -151,7 +151,7 @@ def test_embedding_out_of_range_index_names_the_vocabulary():
         (lambda: nn.Conv2d(4, 6, (3, 3, 3)), r"kernel_size must be an int or a pair"),
         (lambda: nn.Conv2d(4, 6, 3, padding=-1), r"padding must be >= 0"),
         (lambda: nn.MaxPool2d(2, padding=2), r"MaxPool2d: padding \(2, 2\) must be at most half"),
-        (lambda: nn.BatchNorm2d(3, momentum=1.5), r"momentum must be in \[0, 1\] or None"),
+        (lambda: nn.BatchNorm2d(3, momentum=1.5), r"momentum must be a number in \[0, 1\] or None"),
         (lambda: nn.Dropout(1.2), r"Dropout: p must be a number in \[0, 1\], got 1.2"),
         (lambda: nn.Embedding(4, 2, padding_idx=4), r"padding_idx 4 is outside a vocabulary"),
         (lambda: nn.Reshape((2, -1, -1)), r"at most one -1"),
@@ -279,3 +279,27 @@ def test_dropout_gradient_uses_the_forward_mask():
     output = nn.Dropout(0.5, seed=1)(x)
     output.sum().backward()
     np.testing.assert_array_equal(x.grad.numpy(), output.numpy())
+
+
+@pytest.mark.parametrize(
+    "layer, shape",
+    [
+        (nn.Conv1d(2, 3, 2), (1, 2, 5)),
+        (nn.Conv2d(2, 3, 2), (1, 2, 5, 5)),
+        (nn.ConvTranspose2d(2, 3, 2), (1, 2, 5, 5)),
+        (nn.BatchNorm1d(2), (4, 2)),
+        (nn.BatchNorm2d(2), (4, 2, 3, 3)),
+        (nn.InstanceNorm2d(2), (4, 2, 3, 3)),
+        (nn.GroupNorm(1, 2), (4, 2, 3, 3)),
+        (nn.LayerNorm(3), (4, 2, 3)),
+    ],
+    ids=lambda value: type(value).__name__ if isinstance(value, nn.Module) else None,
+)
+@pytest.mark.parametrize("dtype", [np.int64, np.uint8, np.bool_])
+def test_integer_input_is_a_type_error_naming_the_layer_and_the_dtype(layer, shape, dtype):
+    """Issue 27 item 20: it failed inside NumPy ('Cannot cast ufunc matmul output...')."""
+    name = type(layer).__name__
+    with pytest.raises(TypeError, match=rf"{name}\(.*\): input must be floating point, got dtype"):
+        layer(np.ones(shape, dtype=dtype))
+    with pytest.raises(TypeError, match=np.dtype(dtype).name):
+        layer(Tensor(np.ones(shape, dtype=dtype)))

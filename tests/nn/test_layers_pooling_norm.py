@@ -245,7 +245,10 @@ def test_shape_errors_name_the_layer_and_the_shape(layer, shape, message):
         (lambda: nn.AvgPool1d(2, padding=2), r"AvgPool1d: padding 2 must be at most half"),
         (lambda: nn.GroupNorm(3, 4), r"GroupNorm: num_groups=3 must divide num_channels=4"),
         (lambda: nn.GroupNorm(0, 4), r"GroupNorm: num_groups must be a positive integer"),
-        (lambda: nn.InstanceNorm2d(3, momentum=2.0), r"InstanceNorm2d: momentum must be in"),
+        (
+            lambda: nn.InstanceNorm2d(3, momentum=2.0),
+            r"InstanceNorm2d: momentum must be a number in",
+        ),
         (lambda: nn.Dropout2d(-0.1), r"Dropout2d: p must be a number in \[0, 1\]"),
         (lambda: nn.Upsample(), r"Upsample: give exactly one of size and scale_factor"),
         (

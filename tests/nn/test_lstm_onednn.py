@@ -127,7 +127,7 @@ def test_onednn_route_matches_pytorch(onednn_calls):
 
 @needs_onednn
 def test_inference_keeps_no_workspace_and_gives_the_training_output(onednn_calls):
-    layer = nn.LSTM(3, 4, bidirectional=True)
+    layer = nn.LSTM(3, 4, bidirectional=True, batch_first=True)
     x = Tensor(np.random.default_rng(2).standard_normal((2, 5, 3)), dtype=np.float32)
     with no_grad():
         inferred = layer(x)[0].numpy()
@@ -144,7 +144,7 @@ def test_inference_keeps_no_workspace_and_gives_the_training_output(onednn_calls
 def test_weight_gradients_are_overwritten_not_added(onednn_calls):
     # oneDNN's RNN backward adds to its weight-gradient buffers unless told otherwise; ours
     # are new each backward, so two backwards must give the same gradient.
-    layer = nn.LSTM(3, 4)
+    layer = nn.LSTM(3, 4, batch_first=True)
     x = Tensor(np.random.default_rng(3).standard_normal((2, 5, 3)), dtype=np.float32)
     grads = []
     for _ in range(2):
@@ -158,7 +158,7 @@ def test_weight_gradients_are_overwritten_not_added(onednn_calls):
 
 @needs_onednn
 def test_the_switch_and_a_declined_geometry_take_the_numpy_recurrence(onednn_calls, monkeypatch):
-    layer = nn.LSTM(3, 4, bidirectional=True)
+    layer = nn.LSTM(3, 4, bidirectional=True, batch_first=True)
     x = np.random.default_rng(4).standard_normal((2, 5, 3))
     want = run_layer(layer, x, None, np.float64)
     monkeypatch.setenv(onednn.SWITCH_VARIABLE, "0")
@@ -172,7 +172,7 @@ def test_the_switch_and_a_declined_geometry_take_the_numpy_recurrence(onednn_cal
 
 @needs_onednn
 def test_empty_batch_takes_the_numpy_recurrence(onednn_calls):
-    layer = nn.LSTM(3, 4, bidirectional=True)
+    layer = nn.LSTM(3, 4, bidirectional=True, batch_first=True)
     output, (hidden, _) = layer(Tensor(np.zeros((0, 5, 3)), dtype=np.float32))
     assert output.shape == (0, 5, 8) and hidden.shape == (2, 0, 4)
     assert not onednn_calls
@@ -180,7 +180,7 @@ def test_empty_batch_takes_the_numpy_recurrence(onednn_calls):
 
 @needs_onednn
 def test_a_non_contiguous_input_takes_the_route(onednn_calls):
-    layer = nn.LSTM(3, 4, bidirectional=True)
+    layer = nn.LSTM(3, 4, bidirectional=True, batch_first=True)
     x = np.random.default_rng(5).standard_normal((5, 2, 3)).astype(np.float32)
     strided = Tensor(x, requires_grad=True)
     output = layer(ops.permute(strided, (1, 0, 2)))[0]

@@ -46,25 +46,32 @@ def flat_outputs(layer, x, states):
     return ops.concatenate([ops.reshape(piece, (-1,)) for piece in pieces])
 
 
+BATCH_FIRST = {"batch_first": True}
 RECURRENT_CASES = [
-    pytest.param(nn.LSTM, {}, True, id="lstm"),
-    pytest.param(nn.LSTM, {"num_layers": 2}, True, id="lstm_2_layers"),
+    # No batch_first: PyTorch's default, time-major (T, N, F), given to PyTorch as is.
+    pytest.param(nn.LSTM, {}, True, id="lstm_default_time_major"),
+    pytest.param(nn.LSTM, {"num_layers": 2, **BATCH_FIRST}, True, id="lstm_2_layers"),
     pytest.param(nn.LSTM, {"num_layers": 2, "batch_first": False}, True, id="lstm_time_major"),
-    pytest.param(nn.LSTM, {"bias": False}, False, id="lstm_no_bias_zero_state"),
-    pytest.param(nn.GRU, {}, True, id="gru"),
-    pytest.param(nn.GRU, {"num_layers": 2}, True, id="gru_2_layers"),
+    pytest.param(nn.LSTM, {"bias": False, **BATCH_FIRST}, False, id="lstm_no_bias_zero_state"),
+    pytest.param(nn.GRU, {}, True, id="gru_default_time_major"),
+    pytest.param(nn.GRU, {"num_layers": 2, **BATCH_FIRST}, True, id="gru_2_layers"),
     pytest.param(nn.GRU, {"num_layers": 2, "batch_first": False}, True, id="gru_time_major"),
-    pytest.param(nn.GRU, {"bias": False}, False, id="gru_no_bias_zero_state"),
-    pytest.param(nn.LSTM, {"bidirectional": True}, True, id="lstm_bidirectional"),
+    pytest.param(nn.GRU, {"bias": False, **BATCH_FIRST}, False, id="gru_no_bias_zero_state"),
+    pytest.param(nn.LSTM, {"bidirectional": True, **BATCH_FIRST}, True, id="lstm_bidirectional"),
     pytest.param(
         nn.LSTM,
         {"bidirectional": True, "num_layers": 2, "batch_first": False},
         True,
         id="lstm_bidirectional_2_layers_time_major",
     ),
-    pytest.param(nn.GRU, {"bidirectional": True}, False, id="gru_bidirectional_zero_state"),
     pytest.param(
-        nn.GRU, {"bidirectional": True, "num_layers": 2}, True, id="gru_bidirectional_2_layers"
+        nn.GRU, {"bidirectional": True, **BATCH_FIRST}, False, id="gru_bidirectional_zero_state"
+    ),
+    pytest.param(
+        nn.GRU,
+        {"bidirectional": True, "num_layers": 2, **BATCH_FIRST},
+        True,
+        id="gru_bidirectional_2_layers",
     ),
 ]
 
@@ -87,8 +94,8 @@ def test_recurrent_gradients_match_finite_differences(layer_class, kwargs, with_
 @pytest.mark.parametrize("layer_class, kwargs, with_state", RECURRENT_CASES)
 def test_recurrent_matches_pytorch(torch, layer_class, kwargs, with_state):
     ours = layer_class(INPUT_SIZE, HIDDEN_SIZE, dtype=F64, **kwargs)
-    their_kwargs = {"batch_first": True, **kwargs}  # PyTorch's default is time-major
-    theirs = getattr(torch.nn, layer_class.__name__)(INPUT_SIZE, HIDDEN_SIZE, **their_kwargs)
+    # The same arguments, so a case that leaves batch_first out checks the defaults agree.
+    theirs = getattr(torch.nn, layer_class.__name__)(INPUT_SIZE, HIDDEN_SIZE, **kwargs)
     theirs.double().load_state_dict({k: torch.from_numpy(v) for k, v in ours.state_dict().items()})
 
     arrays = [sequence(steps=5, batch=3, batch_first=ours.batch_first)]
@@ -137,7 +144,7 @@ def test_recurrent_matches_pytorch(torch, layer_class, kwargs, with_state):
 
 def test_long_sequence_matches_pytorch_and_needs_no_recursion(torch):
     steps = 1500
-    ours = nn.GRU(2, 3, dtype=F64)
+    ours = nn.GRU(2, 3, batch_first=True, dtype=F64)
     theirs = torch.nn.GRU(2, 3, batch_first=True).double()
     theirs.load_state_dict({k: torch.from_numpy(v) for k, v in ours.state_dict().items()})
     x = 0.5 * sequence(steps=steps, batch=2, features=2)
@@ -182,7 +189,7 @@ def test_seeded_builds_are_identical():
 
 @pytest.mark.parametrize("layer_class", [nn.LSTM, nn.GRU])
 def test_float32_layer_keeps_float32_outputs_and_gradients(layer_class):
-    layer = layer_class(INPUT_SIZE, HIDDEN_SIZE)
+    layer = layer_class(INPUT_SIZE, HIDDEN_SIZE, batch_first=True)
     x = Tensor(sequence(), dtype=np.float32, requires_grad=True)
     output = layer(x)[0]
     output.sum().backward()
@@ -239,8 +246,8 @@ def test_bidirectional_final_states_are_the_ends_of_each_direction(layer_class, 
 
 def test_reverse_direction_reads_the_sequence_back_to_front():
     """A bidirectional layer's reverse half is a forward layer run on the flipped sequence."""
-    bidirectional = nn.GRU(INPUT_SIZE, HIDDEN_SIZE, bidirectional=True, dtype=F64)
-    reverse_only = nn.GRU(INPUT_SIZE, HIDDEN_SIZE, dtype=F64)
+    bidirectional = nn.GRU(INPUT_SIZE, HIDDEN_SIZE, bidirectional=True, batch_first=True, dtype=F64)
+    reverse_only = nn.GRU(INPUT_SIZE, HIDDEN_SIZE, batch_first=True, dtype=F64)
     reverse_only.load_state_dict(
         {
             name.replace("_reverse", ""): value
@@ -261,7 +268,9 @@ def test_bidirectional_on_cuda_matches_cpu(layer_class):
     results = []
     for device in ("cpu", "cuda"):
         with nn.init.seeded(0):
-            layer = layer_class(INPUT_SIZE, HIDDEN_SIZE, num_layers=2, bidirectional=True)
+            layer = layer_class(
+                INPUT_SIZE, HIDDEN_SIZE, num_layers=2, bidirectional=True, batch_first=True
+            )
         layer.to(device, dtype=F64)
         x = Tensor(sequence(), requires_grad=True, dtype=F64, device=device)
         output = flat_outputs(layer, x, None)
@@ -273,7 +282,9 @@ def test_bidirectional_on_cuda_matches_cpu(layer_class):
 
 
 def test_bidirectional_save_load_round_trip(tmp_path):
-    layer = nn.LSTM(INPUT_SIZE, HIDDEN_SIZE, num_layers=2, bidirectional=True, dropout=0.25)
+    layer = nn.LSTM(
+        INPUT_SIZE, HIDDEN_SIZE, num_layers=2, bidirectional=True, dropout=0.25, batch_first=True
+    )
     path = tmp_path / "bilstm.bigdl"
     nn.save(layer.eval(), path)
     loaded = nn.load(path)
@@ -288,9 +299,11 @@ def test_bidirectional_save_load_round_trip(tmp_path):
 # --- dropout between layers -----------------------------------------------------------------
 def test_dropout_acts_between_layers_in_training_only():
     with nn.init.seeded(0):
-        dropped = nn.LSTM(INPUT_SIZE, HIDDEN_SIZE, num_layers=2, dropout=0.5, dtype=F64)
+        dropped = nn.LSTM(
+            INPUT_SIZE, HIDDEN_SIZE, num_layers=2, dropout=0.5, batch_first=True, dtype=F64
+        )
     with nn.init.seeded(0):
-        plain = nn.LSTM(INPUT_SIZE, HIDDEN_SIZE, num_layers=2, dtype=F64)
+        plain = nn.LSTM(INPUT_SIZE, HIDDEN_SIZE, num_layers=2, batch_first=True, dtype=F64)
     x = Tensor(sequence(), dtype=F64)
     ops.manual_seed(0)
     assert not np.allclose(dropped(x)[0].numpy(), plain(x)[0].numpy())
@@ -309,21 +322,28 @@ def float32_zeros(*shape) -> Tensor:
         (
             lambda: nn.LSTM(3, 2)(Tensor(np.zeros((2, 4, 5)))),
             ValueError,
-            r"LSTM\(3, 2\): expects \(N, T, input_size\) input with input_size=3, got shape",
+            r"LSTM\(3, 2\): expects \(T, N, input_size\) input with input_size=3, got shape",
         ),
         (
-            lambda: nn.GRU(3, 2, batch_first=False)(Tensor(np.zeros((4, 3)))),
+            lambda: nn.GRU(3, 2, batch_first=True)(Tensor(np.zeros((4, 3)))),
             ValueError,
-            r"expects \(T, N, input_size\) input",
+            r"expects \(N, T, input_size\) input",
         ),
-        (lambda: nn.GRU(3, 2)(Tensor(np.zeros((2, 0, 3)))), ValueError, "sequence is empty"),
+        (lambda: nn.GRU(3, 2)(Tensor(np.zeros((0, 2, 3)))), ValueError, "sequence is empty"),
+        (
+            lambda: nn.GRU(3, 2, batch_first=True)(Tensor(np.zeros((2, 0, 3)))),
+            ValueError,
+            "sequence is empty",
+        ),
         (
             lambda: nn.GRU(3, 2)(Tensor(np.zeros((2, 4, 3)), dtype=F64)),
             TypeError,
             "input dtype float64 differs from the parameters' float32",
         ),
         (
-            lambda: nn.GRU(3, 2, num_layers=2)(float32_zeros(2, 4, 3), np.zeros((1, 2, 2))),
+            lambda: nn.GRU(3, 2, num_layers=2, batch_first=True)(
+                float32_zeros(2, 4, 3), np.zeros((1, 2, 2))
+            ),
             ValueError,
             r"initial hidden state h_0 must have shape .* \(2, 2, 2\), got \(1, 2, 2\)",
         ),
@@ -333,12 +353,12 @@ def float32_zeros(*shape) -> Tensor:
             r"hx must be a pair \(h_0, c_0\)",
         ),
         (
-            lambda: nn.GRU(3, 2)(float32_zeros(2, 4, 3), np.zeros((1, 2, 2))),
+            lambda: nn.GRU(3, 2, batch_first=True)(float32_zeros(2, 4, 3), np.zeros((1, 2, 2))),
             TypeError,
             "initial hidden state h_0 has dtype float64 but the parameters are float32",
         ),
         (
-            lambda: nn.LSTM(3, 2, bidirectional=True)(
+            lambda: nn.LSTM(3, 2, bidirectional=True, batch_first=True)(
                 float32_zeros(2, 4, 3), (float32_zeros(1, 2, 2), float32_zeros(1, 2, 2))
             ),
             ValueError,
@@ -350,7 +370,8 @@ def float32_zeros(*shape) -> Tensor:
     ids=[
         "feature_size",
         "rank",
-        "empty",
+        "empty_time_major",
+        "empty_batch_first",
         "dtype",
         "state_shape",
         "lstm_state_pair",
@@ -372,7 +393,7 @@ def test_recurrent_layer_with_cross_entropy_learns_the_sign_of_a_sequence_sum(la
     x = rng.standard_normal((64, 8, 1))
     labels = (x.sum(axis=(1, 2)) > 0).astype(int)
     with nn.init.seeded(0):
-        recurrent = layer_class(1, 8, dtype=F64)
+        recurrent = layer_class(1, 8, batch_first=True, dtype=F64)
     readout = nn.Parameter(0.1 * rng.standard_normal((2, 8)))
     parameters = list(recurrent.parameters()) + [readout]
     loss_function = nn.CrossEntropyLoss()
@@ -415,7 +436,7 @@ def test_bidirectional_layer_is_the_same_with_one_loop_or_a_thread_per_direction
 def test_reusing_buffers_keeps_each_pending_backward_right(layer_class):
     # The layers reuse their large buffers once a backward has released them; two forward
     # passes whose backward is still to come must not share any.
-    layer = layer_class(3, 4, bidirectional=True, dtype=F64)
+    layer = layer_class(3, 4, bidirectional=True, batch_first=True, dtype=F64)
     inputs = [sequence(steps=5, batch=2, seed=seed) for seed in (0, 1)]
 
     def gradients(pending_together: bool) -> list:

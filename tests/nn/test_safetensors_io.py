@@ -271,6 +271,31 @@ def test_a_bidirectional_two_layer_lstm_loads_pytorch_weights(tmp_path, torch, r
     np.testing.assert_allclose(cell.numpy(), expected_cell.numpy(), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("layer_name", ["LSTM", "GRU"])
+def test_recurrent_layers_built_with_defaults_read_pytorchs_time_major_input(
+    tmp_path, torch, rng, layer_name
+):
+    """Issue 27 item 9: both sides built with default arguments agree on (T, N, F)."""
+    torch.manual_seed(0)
+    reference = getattr(torch.nn, layer_name)(5, 8, num_layers=2)
+    path = tmp_path / "recurrent.safetensors"
+    save_torch_state(torch, reference, path)
+    model = getattr(nn, layer_name)(5, 8, num_layers=2)
+    assert model.batch_first is False and reference.batch_first is False
+    nn.load_safetensors(model, path)
+    steps, batch = 6, 3  # unequal, so reading the axes the other way round cannot pass
+    sequence = rng.normal(size=(steps, batch, 5)).astype(np.float32)
+    output, final = model(Tensor(sequence))
+    with torch.no_grad():
+        expected, expected_final = reference(torch.from_numpy(sequence))
+    assert output.shape == tuple(expected.shape) == (steps, batch, 8)
+    np.testing.assert_allclose(output.numpy(), expected.numpy(), rtol=1e-5, atol=1e-6)
+    finals = final if layer_name == "LSTM" else (final,)
+    expected_finals = expected_final if layer_name == "LSTM" else (expected_final,)
+    for ours, theirs in zip(finals, expected_finals, strict=True):
+        np.testing.assert_allclose(ours.numpy(), theirs.numpy(), rtol=1e-5, atol=1e-6)
+
+
 def test_a_transformer_encoder_loads_pytorch_weights(tmp_path, torch, rng):
     torch.manual_seed(0)
     layer = torch.nn.TransformerEncoderLayer(16, 4, 32, batch_first=True)
@@ -285,3 +310,111 @@ def test_a_transformer_encoder_loads_pytorch_weights(tmp_path, torch, rng):
     with torch.no_grad():
         expected = reference(torch.from_numpy(sequence)).numpy()
     np.testing.assert_allclose(model(Tensor(sequence)).numpy(), expected, rtol=1e-4, atol=1e-5)
+
+
+# --- issue 27 item 17: damaged headers are the documented ValueError, naming file and tensor ----
+GOOD_ENTRIES = {
+    "weight": {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 24]},
+    "bias": {"dtype": "F32", "shape": [2], "data_offsets": [24, 32]},
+}
+
+
+def write_header(path, header, data=bytes(32)):
+    """A safetensors file with ``header`` as its JSON header (as a damaged file might hold)."""
+    text = json.dumps(header).encode("utf-8")
+    path.write_bytes(struct.pack("<Q", len(text)) + text + data)
+    return path
+
+
+def with_entry(name, **fields):
+    return {**GOOD_ENTRIES, name: {**GOOD_ENTRIES.get(name, {}), **fields}}
+
+
+def test_the_handmade_good_header_loads(tmp_path):
+    # The damaged headers below each break one rule of this one.
+    path = write_header(tmp_path / "good.safetensors", GOOD_ENTRIES)
+    assert nn.load_safetensors(nn.Linear(3, 2), path) == ([], [])
+
+
+@pytest.mark.parametrize(
+    "header, message",
+    [
+        ([1, 2], r"not a safetensors file \(its header is a JSON list, not an object"),
+        ("weights", r"not a safetensors file \(its header is a JSON str"),
+        (
+            with_entry("weight", data_offsets=[0, 20]),
+            r"tensor 'weight': its byte range \[0, 20\) holds 20 bytes, but shape \[2, 3\] of F32 "
+            r"needs 24",
+        ),
+        (
+            with_entry("bias", data_offsets=[16, 24]),
+            r"the byte range \[16, 24\) of tensor 'bias' overlaps tensor 'weight'",
+        ),
+        (
+            with_entry("bias", shape=[1], data_offsets=[28, 32]),
+            r"the byte range \[28, 32\) of tensor 'bias' leaves a gap after tensor 'weight'",
+        ),
+        (
+            with_entry("bias", dtype="I64"),
+            r"tensor 'bias': its byte range \[24, 32\) holds 8 bytes, but shape \[2\] of I64",
+        ),
+        (with_entry("bias", shape=[-2]), r"tensor 'bias': 'shape' must be a list of integers"),
+        (with_entry("bias", shape=[True, 2]), r"tensor 'bias': 'shape' must be a list"),
+        (with_entry("bias", data_offsets=[24.5, 32]), r"tensor 'bias': 'data_offsets' must be"),
+        (with_entry("bias", data_offsets=[24, 32, 40]), r"tensor 'bias': 'data_offsets' must be"),
+        (with_entry("bias", dtype=5), r"tensor 'bias': 'dtype' must be one of the format's"),
+        (with_entry("extra", dtype="Q9", shape=[0], data_offsets=[32, 32]), r"tensor 'extra'"),
+        ({**GOOD_ENTRIES, "extra": "x"}, r"tensor 'extra': expected an object, got 'x'"),
+        ({**GOOD_ENTRIES, "__metadata__": {"epoch": 3}}, r"'__metadata__' must map strings"),
+        ({**GOOD_ENTRIES, "__metadata__": [1]}, r"'__metadata__' must map strings to strings"),
+    ],
+    ids=[
+        "list",
+        "string",
+        "range_shorter_than_shape",
+        "overlap",
+        "gap",
+        "dtype_wider_than_range",
+        "negative_extent",
+        "bool_extent",
+        "float_offset",
+        "three_offsets",
+        "dtype_not_a_string",
+        "unknown_dtype_of_an_unwanted_tensor",
+        "entry_not_an_object",
+        "metadata_not_strings",
+        "metadata_a_list",
+    ],
+)
+@pytest.mark.parametrize("strict", [True, False])
+def test_a_damaged_header_is_a_value_error_naming_file_and_tensor(
+    tmp_path, header, message, strict
+):
+    path = write_header(tmp_path / "damaged.safetensors", header)
+    with pytest.raises(ValueError, match=message) as raised:
+        nn.load_safetensors(nn.Linear(3, 2), path, strict=strict)
+    assert str(path) in str(raised.value)
+
+
+def test_data_after_the_last_tensor_is_named(tmp_path):
+    path = write_header(tmp_path / "long.safetensors", GOOD_ENTRIES, bytes(40))
+    with pytest.raises(ValueError, match=r"its tensors end at byte \d+ but the file has") as raised:
+        nn.load_safetensors(nn.Linear(3, 2), path)
+    assert str(path) in str(raised.value)
+
+
+def test_a_refusal_by_the_safetensors_library_is_a_value_error_naming_the_file(
+    tmp_path, monkeypatch
+):
+    # Should the library refuse a file the header checks passed (a rule it adds later), the
+    # caller still gets the documented ValueError with the file and the tensor being read.
+    safetensors = pytest.importorskip("safetensors")
+    path = tmp_path / "model.safetensors"
+    nn.save_safetensors(nn.Linear(3, 2), path)
+
+    def refusing_open(*args, **kwargs):
+        raise safetensors.SafetensorError("Error while deserializing header: a new rule")
+
+    monkeypatch.setattr(safetensors, "safe_open", refusing_open)
+    with pytest.raises(ValueError, match="the safetensors library refused the file: .*new rule"):
+        nn.load_safetensors(nn.Linear(3, 2), path)

@@ -52,6 +52,7 @@ class Tanh(Function):
 
 class Sigmoid(Function):
     def forward(self, a):
+        backend.check_floating(a.dtype, "sigmoid")  # an int result would hold only 0 and 1
         xp = backend.array_module(a)
         # exp of a negative number only: no overflow for large |a|.
         positive = a >= 0
@@ -132,6 +133,7 @@ class ReLU(Function):
 
 class LeakyReLU(Function):
     def forward(self, a, negative_slope=0.01):
+        backend.check_floating(a.dtype, "leaky_relu")  # int(0.01) would zero the negatives
         xp = backend.array_module(a)
         scale = xp.where(a > 0, a.dtype.type(1), a.dtype.type(negative_slope))
         self.save_for_backward(scale)
@@ -150,6 +152,7 @@ class GELU(Function):
     """
 
     def forward(self, a, approximate="none"):
+        backend.check_floating(a.dtype, "gelu")  # an int result would truncate x * Phi(x)
         xp = backend.array_module(a)
         if approximate not in ("none", "tanh"):
             raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
@@ -212,10 +215,13 @@ def _normal_cdf(xp, x):
 class Softmax(Function):
     def forward(self, a, axis=-1):
         xp = backend.array_module(a)
+        self.axis = axis
+        if a.shape[axis] == 0:  # nothing to normalise (attention over no keys): empty, as PyTorch
+            self.save_for_backward(a)
+            return a.copy()
         shifted = a - a.max(axis=axis, keepdims=True)
         exps = xp.exp(shifted)
         out = exps / exps.sum(axis=axis, keepdims=True)
-        self.axis = axis
         self.save_for_backward(out)
         return out
 
@@ -227,9 +233,12 @@ class Softmax(Function):
 class LogSoftmax(Function):
     def forward(self, a, axis=-1):
         xp = backend.array_module(a)
+        self.axis = axis
+        if a.shape[axis] == 0:  # an empty axis: an empty result, as PyTorch
+            self.save_for_backward(a)
+            return a.copy()
         shifted = a - a.max(axis=axis, keepdims=True)
         out = shifted - xp.log(xp.exp(shifted).sum(axis=axis, keepdims=True))
-        self.axis = axis
         self.save_for_backward(out)
         return out
 

@@ -46,9 +46,10 @@ class ScaledDotProductAttention(Function):
             xp.matmul(query[part] * self.scale, xp.swapaxes(key[part], -1, -2), out=tile)
             if mask is not None:
                 tile += mask[part]
-            tile -= tile.max(axis=-1, keepdims=True)
-            xp.exp(tile, out=tile)
-            tile *= 1 / tile.sum(axis=-1, keepdims=True)
+            if tile.shape[-1]:  # no keys: empty weights, a zero output (PyTorch's)
+                tile -= tile.max(axis=-1, keepdims=True)
+                xp.exp(tile, out=tile)
+                tile *= 1 / tile.sum(axis=-1, keepdims=True)
             if keep is not None:
                 tile = tile * keep[part]
                 tile *= self.dropout_scale

@@ -20,8 +20,7 @@ class ChannelDropout(Function):
     """Zero each ``(sample, channel)`` map with probability ``p``; scale the rest by 1/(1-p)."""
 
     def forward(self, x, p=0.5, rng=None):
-        if not backend.is_floating(x.dtype):
-            raise TypeError(f"dropout2d: input must be floating point, got dtype {x.dtype}")
+        backend.check_floating(x.dtype, "dropout2d")
         # Drawn by the same generator, in the same float32 way, as element dropout's masks.
         mask_shape = x.shape[:2] + (1,) * (x.ndim - 2)
         keep = _uniform(mask_shape, x, rng) >= p

@@ -30,8 +30,7 @@ class GroupNorm(Function):
             raise ValueError(
                 f"group_norm: input must be at least 2-d (N, C, ...), got shape {tuple(x.shape)}"
             )
-        if not backend.is_floating(x.dtype):
-            raise TypeError(f"group_norm: input must be floating point, got dtype {x.dtype}")
+        backend.check_floating(x.dtype, "group_norm")
         batch, channels = x.shape[:2]
         if num_groups < 1 or channels % num_groups:
             raise ValueError(

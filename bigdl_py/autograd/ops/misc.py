@@ -94,8 +94,7 @@ class Dropout(Function):
     """Zero each element with probability ``p`` and scale the rest by ``1 / (1 - p)``."""
 
     def forward(self, x, p=0.5, rng=None):
-        if not backend.is_floating(x.dtype):
-            raise TypeError(f"dropout: input must be floating point, got dtype {x.dtype}")
+        backend.check_floating(x.dtype, "dropout")
         # A boolean mask costs 1 byte per element; the scale is applied as a separate step.
         keep = _keep_mask(x.shape, p, x, rng)
         self.scale = x.dtype.type(1.0 / (1.0 - p)) if p < 1 else x.dtype.type(0)

@@ -180,8 +180,7 @@ class AvgPool2d(_Pool2d):
 
     def forward(self, x, kernel_size=2, stride=None, padding=0):
         self._setup(x, kernel_size, stride, padding, "avg_pool2d")
-        if not backend.is_floating(x.dtype):
-            raise TypeError(f"avg_pool2d: input must be floating point, got dtype {x.dtype}")
+        backend.check_floating(x.dtype, "avg_pool2d")
         xp = backend.array_module(x)
         padded = pad_spatial(x, self.padding)
         total = xp.empty(x.shape[:2] + self.out_hw, dtype=x.dtype)

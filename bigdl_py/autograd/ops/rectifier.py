@@ -34,16 +34,11 @@ def _softplus(xp, z):
     return xp.maximum(z, 0) + xp.log1p(xp.exp(-xp.abs(z)))
 
 
-def _check_floating(x, op_name: str) -> None:
-    if not backend.is_floating(x.dtype):
-        raise TypeError(f"{op_name}: input must be floating point, got dtype {x.dtype}")
-
-
 class ELU(Function):
     """``x`` where positive, ``alpha * (exp(x) - 1)`` elsewhere."""
 
     def forward(self, x, alpha=1.0):
-        _check_floating(x, "elu")
+        backend.check_floating(x.dtype, "elu")
         xp = backend.array_module(x)
         alpha = x.dtype.type(alpha)
         negative_part = alpha * xp.expm1(xp.minimum(x, 0))  # exp of x <= 0 only: no overflow
@@ -64,7 +59,7 @@ class SiLU(Function):
     """``x * sigmoid(x)`` (also called swish)."""
 
     def forward(self, x):
-        _check_floating(x, "silu")
+        backend.check_floating(x.dtype, "silu")
         xp = backend.array_module(x)
         sigmoid = _sigmoid(xp, x)
         self.save_for_backward(x, sigmoid)
@@ -85,7 +80,7 @@ class Softplus(Function):
     """``log(1 + exp(beta * x)) / beta``; ``x`` itself where ``beta * x > threshold``."""
 
     def forward(self, x, beta=1.0, threshold=20.0):
-        _check_floating(x, "softplus")
+        backend.check_floating(x.dtype, "softplus")
         xp = backend.array_module(x)
         scaled = x * x.dtype.type(beta) if beta != 1 else x
         linear = scaled > threshold
@@ -112,7 +107,7 @@ class Mish(Function):
     """``x * tanh(softplus(x))``."""
 
     def forward(self, x):
-        _check_floating(x, "mish")
+        backend.check_floating(x.dtype, "mish")
         xp = backend.array_module(x)
         tanh_softplus = xp.tanh(_softplus(xp, x))
         self.save_for_backward(x, tanh_softplus)
@@ -134,7 +129,7 @@ class Hardtanh(Function):
     """``clip(x, min_val, max_val)``; the gradient is 1 strictly inside, 0 outside."""
 
     def forward(self, x, min_val=-1.0, max_val=1.0):
-        _check_floating(x, "hardtanh")
+        backend.check_floating(x.dtype, "hardtanh")
         xp = backend.array_module(x)
         self.save_for_backward((x > min_val) & (x < max_val))
         return xp.clip(x, x.dtype.type(min_val), x.dtype.type(max_val))
@@ -148,7 +143,7 @@ class Hardswish(Function):
     """``x * relu6(x + 3) / 6``: 0 below -3, ``x`` above 3, a parabola between."""
 
     def forward(self, x):
-        _check_floating(x, "hardswish")
+        backend.check_floating(x.dtype, "hardswish")
         xp = backend.array_module(x)
         self.save_for_backward(x)
         return x * xp.clip(x + 3, 0, 6) / x.dtype.type(6)
@@ -169,7 +164,7 @@ class PReLU(Function):
     (axis 1)."""
 
     def forward(self, x, weight):
-        _check_floating(x, "prelu")
+        backend.check_floating(x.dtype, "prelu")
         xp = backend.array_module(x)
         if weight.ndim != 1:
             raise ValueError(f"prelu: weight must be 1-d, got shape {tuple(weight.shape)}")

@@ -100,8 +100,7 @@ def bilinear_matrix(
 def _check_4d(x, op_name: str) -> None:
     if x.ndim != 4:
         raise ValueError(f"{op_name}: input must be 4-d (N, C, H, W), got shape {tuple(x.shape)}")
-    if not backend.is_floating(x.dtype):
-        raise TypeError(f"{op_name}: input must be floating point, got dtype {x.dtype}")
+    backend.check_floating(x.dtype, op_name)
 
 
 class SeparableResample(Function):
@@ -388,13 +387,18 @@ def resolve_resize(size, scale_factor, input_hw, op_name: str):
 
 
 def _number_pair(value, name: str, op_name: str, integer: bool) -> tuple:
-    """A positive number or a pair of them (ints only when ``integer``)."""
+    """A positive number or a pair of them (ints only when ``integer``); NaN and infinity
+    are refused (``nan <= 0`` is False, so they would pass a bare range test)."""
     kinds = (int, np.integer) if integer else (int, float, np.integer, np.floating)
     items = value if isinstance(value, (tuple, list)) else (value, value)
     if len(items) != 2 or any(
-        isinstance(item, bool) or not isinstance(item, kinds) or item <= 0 for item in items
+        isinstance(item, bool)
+        or not isinstance(item, kinds)
+        or not math.isfinite(item)
+        or item <= 0
+        for item in items
     ):
-        kind = "integer" if integer else "number"
+        kind = "integer" if integer else "finite number"
         raise ValueError(
             f"{op_name}: {name} must be a positive {kind} or a pair of them, got {value!r}"
         )

@@ -1,12 +1,20 @@
-"""What every layer file shares: parameter creation, argument checks, error labels."""
+"""What every layer file shares: parameter and buffer creation, error labels, input checks.
+
+Constructor argument checks are in ``_arguments.py``.
+"""
 
 from __future__ import annotations
 
+import copy
+import math
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
 from bigdl_py import backend
+from bigdl_py.autograd.tensor import Tensor
+from bigdl_py.nn import _build_budget
 from bigdl_py.nn.module import Module, Parameter
 
 
@@ -23,38 +31,27 @@ def parameter_dtype(dtype: Any, layer_name: str) -> np.dtype:
 
 def empty_parameter(shape: tuple[int, ...], dtype: np.dtype) -> Parameter:
     """An uninitialised host parameter; the layer's ``reset_parameters`` fills it."""
+    _build_budget.reserve(shape)  # nn.load: refuse a declared size before allocating it
     return Parameter(np.empty(shape, dtype=dtype))
 
 
-def check_positive_int(value: Any, name: str, layer_name: str) -> int:
-    """A size argument: a positive Python int (a bool or a float is a mistake)."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{layer_name}: {name} must be a positive integer, got {value!r}")
-    return int(value)
+def filled_buffer(shape: tuple[int, ...], value: float, dtype: Any) -> Tensor:
+    """A host buffer (running statistics, counters) of ``shape`` filled with ``value``."""
+    _build_budget.reserve(shape)
+    return Tensor(np.full(shape, value, dtype=dtype), _copy=False)
 
 
-def check_probability(value: Any, name: str, layer_name: str) -> float:
-    """A probability argument: a number in ``[0, 1]`` (a bool is a mistake)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
-        raise ValueError(f"{layer_name}: {name} must be a number in [0, 1], got {value!r}")
-    return float(value)
-
-
-def int_pair(value: Any, name: str, layer_name: str, minimum: int = 1) -> tuple[int, int]:
-    """An int or a pair of ints (a list from a JSON config too), each at least ``minimum``."""
-    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
-        pair = (int(value), int(value))
-    elif (
-        isinstance(value, (tuple, list))
-        and len(value) == 2
-        and all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in value)
-    ):
-        pair = (int(value[0]), int(value[1]))
-    else:
-        raise ValueError(f"{layer_name}: {name} must be an int or a pair of ints, got {value!r}")
-    if min(pair) < minimum:
-        raise ValueError(f"{layer_name}: {name} must be >= {minimum}, got {value!r}")
-    return pair
+def deep_copies(module: Module, count: int) -> Iterator[Module]:
+    """``count`` independent deep copies of ``module`` (stacks of identical layers)."""
+    state = sum(
+        math.prod(value.shape)
+        for _, child in module.named_modules()
+        for registry in (child._parameters, child._buffers)
+        for value in registry.values()
+        if value is not None
+    )
+    _build_budget.reserve(count * state)  # nn.load: refuse a declared stack before copying
+    return (copy.deepcopy(module) for _ in range(count))
 
 
 def label(layer: Module) -> str:
@@ -72,3 +69,9 @@ def check_ndim(layer: Module, x: Any, allowed: tuple[int, ...], layout: str) -> 
     shape = shape_of(x)
     if len(shape) not in allowed:
         raise ValueError(f"{label(layer)}: expects {layout} input, got shape {shape}")
+
+
+def check_floating_input(layer: Module, x: Any) -> None:
+    """Raise ``TypeError`` naming the layer when ``x`` is not floating point (integer images,
+    say), before its arithmetic fails deep inside NumPy."""
+    backend.check_floating(x.dtype if hasattr(x, "dtype") else np.asarray(x).dtype, label(layer))

@@ -4,17 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from bigdl_py.autograd import ops
 from bigdl_py.nn import init as nn_init
-from bigdl_py.nn.layers._base import (
-    check_positive_int,
-    empty_parameter,
-    label,
-    parameter_dtype,
-    shape_of,
-)
+from bigdl_py.nn.layers._arguments import check_int, check_positive_int, check_real
+from bigdl_py.nn.layers._base import empty_parameter, label, parameter_dtype, shape_of
 from bigdl_py.nn.module import Module
 
 __all__ = [
@@ -59,7 +52,7 @@ class LeakyReLU(Module):
 
     def __init__(self, negative_slope: float = 0.01):
         super().__init__()
-        self.negative_slope = float(negative_slope)
+        self.negative_slope = check_real(negative_slope, "negative_slope", "LeakyReLU")
 
     def forward(self, x):
         return ops.leaky_relu(x, self.negative_slope)
@@ -109,7 +102,7 @@ class Softmax(Module):
 
     def __init__(self, dim: int = -1):
         super().__init__()
-        self.dim = int(dim)
+        self.dim = check_int(dim, "dim", type(self).__name__)
 
     def forward(self, x):
         _check_dim(self, x)
@@ -124,7 +117,7 @@ class LogSoftmax(Module):
 
     def __init__(self, dim: int = -1):
         super().__init__()
-        self.dim = int(dim)
+        self.dim = check_int(dim, "dim", type(self).__name__)
 
     def forward(self, x):
         _check_dim(self, x)
@@ -132,13 +125,6 @@ class LogSoftmax(Module):
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}"
-
-
-def _number(value: Any, name: str, layer_name: str) -> float:
-    """A real-valued setting (a bool is a mistake)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise ValueError(f"{layer_name}: {name} must be a number, got {value!r}")
-    return float(value)
 
 
 class ELU(Module):
@@ -152,7 +138,7 @@ class ELU(Module):
 
     def __init__(self, alpha: float = 1.0):
         super().__init__()
-        self.alpha = _number(alpha, "alpha", "ELU")
+        self.alpha = check_real(alpha, "alpha", "ELU")
 
     def forward(self, x):
         return ops.elu(x, self.alpha)
@@ -182,10 +168,8 @@ class Softplus(Module):
 
     def __init__(self, beta: float = 1.0, threshold: float = 20.0):
         super().__init__()
-        self.beta = _number(beta, "beta", "Softplus")
-        if not self.beta > 0:
-            raise ValueError(f"Softplus: beta must be > 0, got {beta!r}")
-        self.threshold = _number(threshold, "threshold", "Softplus")
+        self.beta = check_real(beta, "beta", "Softplus", above=0)
+        self.threshold = check_real(threshold, "threshold", "Softplus")
 
     def forward(self, x):
         return ops.softplus(x, self.beta, self.threshold)
@@ -212,8 +196,8 @@ class Hardtanh(Module):
 
     def __init__(self, min_val: float = -1.0, max_val: float = 1.0):
         super().__init__()
-        self.min_val = _number(min_val, "min_val", "Hardtanh")
-        self.max_val = _number(max_val, "max_val", "Hardtanh")
+        self.min_val = check_real(min_val, "min_val", "Hardtanh")
+        self.max_val = check_real(max_val, "max_val", "Hardtanh")
         if not self.max_val > self.min_val:
             raise ValueError(
                 f"Hardtanh: max_val ({max_val}) must be greater than min_val ({min_val})"
@@ -250,7 +234,7 @@ class PReLU(Module):
     def __init__(self, num_parameters: int = 1, init: float = 0.25, dtype: Any = None):
         super().__init__()
         self.num_parameters = check_positive_int(num_parameters, "num_parameters", "PReLU")
-        self.init = _number(init, "init", "PReLU")
+        self.init = check_real(init, "init", "PReLU")
         self.weight = empty_parameter((self.num_parameters,), parameter_dtype(dtype, "PReLU"))
         self.reset_parameters()
 

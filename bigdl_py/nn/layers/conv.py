@@ -6,15 +6,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import numpy as np
-
 from bigdl_py.autograd import ops
 from bigdl_py.nn import init
+from bigdl_py.nn.layers._arguments import check_flag, check_positive_int, int_pair, is_integer
 from bigdl_py.nn.layers._base import (
+    check_floating_input,
     check_ndim,
-    check_positive_int,
     empty_parameter,
-    int_pair,
     label,
     parameter_dtype,
 )
@@ -40,7 +38,7 @@ def _int_single(value: Any, name: str, layer_name: str, minimum: int = 1) -> int
     """A 1-d setting: an int or a 1-tuple (PyTorch's ``Conv1d`` takes both)."""
     if isinstance(value, (tuple, list)) and len(value) == 1:
         value = value[0]
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+    if not is_integer(value):
         raise ValueError(f"{layer_name}: {name} must be an int or a 1-tuple, got {value!r}")
     if value < minimum:
         raise ValueError(f"{layer_name}: {name} must be >= {minimum}, got {value!r}")
@@ -58,8 +56,9 @@ def _check_groups(layer_name: str, groups: Any, in_channels: int, out_channels: 
 
 
 def _check_input(layer: Module, x: Any, ndim: int, layout: str, in_channels: int) -> None:
-    """The input's rank and channel count, with errors naming the layer and the shape."""
+    """The input's rank, dtype and channel count, with errors naming the layer."""
     check_ndim(layer, x, (ndim,), layout)
+    check_floating_input(layer, x)
     if x.shape[1] != in_channels:
         raise ValueError(
             f"{label(layer)}: input has {x.shape[1]} channels (shape {tuple(x.shape)}); "
@@ -71,8 +70,9 @@ class _Convolution(Module):
     """What every convolution layer shares: its parameters, their initialisation, its repr."""
 
     def _create_parameters(self, weight_shape: tuple, bias: bool, dtype: Any) -> None:
+        has_bias = check_flag(bias, "bias", type(self).__name__)
         self.weight = empty_parameter(weight_shape, dtype)
-        if bias:
+        if has_bias:
             self.bias = empty_parameter((self.out_channels,), dtype)
         else:
             self.register_parameter("bias", None)

@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 
 from bigdl_py.autograd import ops
-from bigdl_py.nn.layers._base import check_ndim, check_probability
+from bigdl_py.nn.layers._arguments import check_int, check_probability
+from bigdl_py.nn.layers._base import check_ndim
 from bigdl_py.nn.module import Module
 
 __all__ = ["Dropout", "Dropout2d"]
@@ -34,8 +35,8 @@ class Dropout(Module):
     def __init__(self, p: float = 0.5, seed: int | None = None):
         super().__init__()
         self.p = check_probability(p, "p", type(self).__name__)
-        self.seed = seed
-        self._generator = None if seed is None else np.random.default_rng(seed)
+        self.seed = None if seed is None else check_int(seed, "seed", type(self).__name__, 0)
+        self._generator = None if seed is None else np.random.default_rng(self.seed)
 
     def forward(self, x):
         return ops.dropout(x, self.p, training=self.training, rng=self._generator)

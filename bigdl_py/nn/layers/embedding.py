@@ -9,7 +9,8 @@ import numpy as np
 from bigdl_py.autograd import ops
 from bigdl_py.autograd.ops.embedding_bag import MODES, embedding_bag
 from bigdl_py.nn import init
-from bigdl_py.nn.layers._base import check_positive_int, empty_parameter, label, parameter_dtype
+from bigdl_py.nn.layers._arguments import check_flag, check_int, check_positive_int
+from bigdl_py.nn.layers._base import empty_parameter, label, parameter_dtype
 from bigdl_py.nn.module import Module
 
 __all__ = ["Embedding", "EmbeddingBag"]
@@ -19,11 +20,12 @@ def _padding_index(padding_idx: Any, num_embeddings: int, layer_name: str) -> in
     """``padding_idx`` checked against the vocabulary and made non-negative (PyTorch's rule)."""
     if padding_idx is None:
         return None
+    padding_idx = check_int(padding_idx, "padding_idx", layer_name)  # 1.5 is not row 1
     if not -num_embeddings <= padding_idx < num_embeddings:
         raise ValueError(
             f"{layer_name}: padding_idx {padding_idx} is outside a vocabulary of {num_embeddings}"
         )
-    return int(padding_idx) % num_embeddings
+    return padding_idx % num_embeddings
 
 
 def _reset_table(weight, padding_idx: int | None) -> None:
@@ -130,7 +132,9 @@ class EmbeddingBag(Module):
         if mode not in MODES:
             raise ValueError(f"EmbeddingBag: mode must be one of {MODES}, got {mode!r}")
         self.mode = mode
-        self.include_last_offset = bool(include_last_offset)
+        self.include_last_offset = check_flag(
+            include_last_offset, "include_last_offset", "EmbeddingBag"
+        )
         self.padding_idx = _padding_index(padding_idx, self.num_embeddings, "EmbeddingBag")
         dtype = parameter_dtype(dtype, "EmbeddingBag")
         self.weight = empty_parameter((self.num_embeddings, self.embedding_dim), dtype)

@@ -7,7 +7,8 @@ from typing import Any
 
 from bigdl_py.autograd import ops
 from bigdl_py.nn import init
-from bigdl_py.nn.layers._base import check_positive_int, empty_parameter, parameter_dtype, shape_of
+from bigdl_py.nn.layers._arguments import check_flag, check_positive_int
+from bigdl_py.nn.layers._base import empty_parameter, parameter_dtype, shape_of
 from bigdl_py.nn.module import Module
 
 __all__ = ["Linear"]
@@ -36,9 +37,10 @@ class Linear(Module):
         super().__init__()
         self.in_features = check_positive_int(in_features, "in_features", "Linear")
         self.out_features = check_positive_int(out_features, "out_features", "Linear")
+        has_bias = check_flag(bias, "bias", "Linear")
         dtype = parameter_dtype(dtype, "Linear")
         self.weight = empty_parameter((self.out_features, self.in_features), dtype)
-        if bias:
+        if has_bias:
             self.bias = empty_parameter((self.out_features,), dtype)
         else:
             self.register_parameter("bias", None)

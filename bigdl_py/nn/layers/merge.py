@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 
 from bigdl_py.autograd import ops
+from bigdl_py.nn.layers._arguments import check_int
 from bigdl_py.nn.layers._base import label, shape_of
 from bigdl_py.nn.module import Module
 
@@ -65,7 +66,7 @@ class Concat(Module):
 
     def __init__(self, axis: int = 1):
         super().__init__()
-        self.axis = int(axis)
+        self.axis = check_int(axis, "axis", "Concat")
 
     def forward(self, *inputs):
         inputs = _gather_inputs(self, inputs)

@@ -10,12 +10,18 @@ from typing import Any
 import numpy as np
 
 from bigdl_py.autograd import ops
-from bigdl_py.autograd.tensor import Tensor
 from bigdl_py.nn import init
-from bigdl_py.nn.layers._base import (
-    check_ndim,
+from bigdl_py.nn.layers._arguments import (
+    check_flag,
     check_positive_int,
+    check_probability,
+    check_real,
+)
+from bigdl_py.nn.layers._base import (
+    check_floating_input,
+    check_ndim,
     empty_parameter,
+    filled_buffer,
     label,
     parameter_dtype,
 )
@@ -42,14 +48,10 @@ class _NormBase(Module):
         super().__init__()
         name = type(self).__name__
         self.num_features = check_positive_int(num_features, "num_features", name)
-        if eps <= 0:
-            raise ValueError(f"{name}: eps must be > 0, got {eps}")
-        if momentum is not None and not 0.0 <= momentum <= 1.0:
-            raise ValueError(f"{name}: momentum must be in [0, 1] or None, got {momentum}")
-        self.eps = float(eps)
-        self.momentum = None if momentum is None else float(momentum)
-        self.affine = bool(affine)
-        self.track_running_stats = bool(track_running_stats)
+        self.eps = check_real(eps, "eps", name, above=0)
+        self.momentum = check_probability(momentum, "momentum", name, none_allowed=True)
+        self.affine = check_flag(affine, "affine", name)
+        self.track_running_stats = check_flag(track_running_stats, "track_running_stats", name)
         dtype = parameter_dtype(dtype, name)
         if self.affine:
             self.weight = empty_parameter((self.num_features,), dtype)
@@ -58,10 +60,10 @@ class _NormBase(Module):
             self.register_parameter("weight", None)
             self.register_parameter("bias", None)
         if self.track_running_stats:
-            self.register_buffer("running_mean", Tensor(np.zeros(self.num_features, dtype)))
-            self.register_buffer("running_var", Tensor(np.ones(self.num_features, dtype)))
+            self.register_buffer("running_mean", filled_buffer((self.num_features,), 0, dtype))
+            self.register_buffer("running_var", filled_buffer((self.num_features,), 1, dtype))
             # Counted as in PyTorch (so its state dicts load) and used when momentum is None.
-            self.register_buffer("num_batches_tracked", Tensor(np.zeros((), np.int64)))
+            self.register_buffer("num_batches_tracked", filled_buffer((), 0, np.int64))
         else:
             self.register_buffer("running_mean", None)
             self.register_buffer("running_var", None)
@@ -84,6 +86,7 @@ class _NormBase(Module):
 
     def _check_input(self, x) -> None:
         check_ndim(self, x, self._ranks, self._layout)
+        check_floating_input(self, x)
         if x.shape[1] != self.num_features:
             raise ValueError(
                 f"{label(self)}: input has {x.shape[1]} channels (shape {tuple(x.shape)}); "
@@ -192,10 +195,9 @@ class LayerNorm(Module):
         )
         if not self.normalized_shape:
             raise ValueError("LayerNorm: normalized_shape must name at least one axis")
-        if eps <= 0:
-            raise ValueError(f"LayerNorm: eps must be > 0, got {eps}")
-        self.eps = float(eps)
-        self.elementwise_affine = bool(elementwise_affine)
+        self.eps = check_real(eps, "eps", "LayerNorm", above=0)
+        self.elementwise_affine = check_flag(elementwise_affine, "elementwise_affine", "LayerNorm")
+        bias = check_flag(bias, "bias", "LayerNorm")
         dtype = parameter_dtype(dtype, "LayerNorm")
         if self.elementwise_affine:
             self.weight = empty_parameter(self.normalized_shape, dtype)
@@ -214,6 +216,7 @@ class LayerNorm(Module):
             init.zeros_(self.bias)
 
     def forward(self, x):
+        check_floating_input(self, x)
         count = len(self.normalized_shape)
         shape = tuple(x.shape)
         if shape[len(shape) - count :] != self.normalized_shape:
@@ -274,6 +277,7 @@ class InstanceNorm2d(_NormBase):
 
     def forward(self, x):
         check_ndim(self, x, self._ranks, self._layout)
+        check_floating_input(self, x)
         shape = tuple(x.shape)
         if shape[-3] != self.num_features:
             raise ValueError(
@@ -342,10 +346,8 @@ class GroupNorm(Module):
             raise ValueError(
                 f"GroupNorm: num_groups={num_groups} must divide num_channels={num_channels}"
             )
-        if eps <= 0:
-            raise ValueError(f"GroupNorm: eps must be > 0, got {eps}")
-        self.eps = float(eps)
-        self.affine = bool(affine)
+        self.eps = check_real(eps, "eps", "GroupNorm", above=0)
+        self.affine = check_flag(affine, "affine", "GroupNorm")
         dtype = parameter_dtype(dtype, "GroupNorm")
         if self.affine:
             self.weight = empty_parameter((self.num_channels,), dtype)
@@ -363,6 +365,7 @@ class GroupNorm(Module):
 
     def forward(self, x):
         shape = tuple(x.shape)
+        check_floating_input(self, x)
         if len(shape) < 2 or shape[1] != self.num_channels:
             raise ValueError(
                 f"{label(self)}: expects (N, {self.num_channels}, ...) input, got shape {shape}"

@@ -3,10 +3,15 @@
 
 from __future__ import annotations
 
-import numpy as np
-
 from bigdl_py.autograd import ops
-from bigdl_py.nn.layers._base import check_ndim, check_positive_int, int_pair, label
+from bigdl_py.nn.layers._arguments import (
+    check_flag,
+    check_int,
+    check_positive_int,
+    int_pair,
+    is_integer,
+)
+from bigdl_py.nn.layers._base import check_ndim, label
 from bigdl_py.nn.module import Module
 
 __all__ = [
@@ -92,9 +97,7 @@ class _Pool1d(Module):
         self.stride = (
             self.kernel_size if stride is None else check_positive_int(stride, "stride", name)
         )
-        if isinstance(padding, bool) or not isinstance(padding, (int, np.integer)) or padding < 0:
-            raise ValueError(f"{name}: padding must be an int >= 0, got {padding!r}")
-        self.padding = int(padding)
+        self.padding = check_int(padding, "padding", name, minimum=0)
         if 2 * self.padding > self.kernel_size:
             raise ValueError(
                 f"{name}: padding {self.padding} must be at most half of kernel_size "
@@ -224,13 +227,10 @@ class _AdaptivePool2d(Module):
 
 def _adaptive_output_size(value, layer_name: str):
     """An int or a pair of (int or None), kept as given (a list from JSON becomes a tuple)."""
-    if isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= 1:
+    if is_integer(value) and value >= 1:
         return int(value)
     if isinstance(value, (tuple, list)) and len(value) == 2:
-        if all(
-            v is None or (isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v >= 1)
-            for v in value
-        ):
+        if all(v is None or (is_integer(v) and v >= 1) for v in value):
             return tuple(None if v is None else int(v) for v in value)
     raise ValueError(
         f"{layer_name}: output_size must be a positive int or a pair of positive ints "
@@ -276,7 +276,7 @@ class AdaptiveMaxPool2d(_AdaptivePool2d):
     def __init__(
         self, output_size: int | tuple[int | None, int | None], return_indices: bool = False
     ):
-        if return_indices:
+        if check_flag(return_indices, "return_indices", "AdaptiveMaxPool2d"):
             raise ValueError("AdaptiveMaxPool2d: return_indices=True is not supported")
         super().__init__(output_size)
 
@@ -324,6 +324,10 @@ class Upsample(Module):
         super().__init__()
         if mode not in ("nearest", "bilinear"):
             raise ValueError(f"Upsample: mode must be 'nearest' or 'bilinear', got {mode!r}")
+        align_corners = check_flag(align_corners, "align_corners", "Upsample", none_allowed=True)
+        recompute_scale_factor = check_flag(
+            recompute_scale_factor, "recompute_scale_factor", "Upsample", none_allowed=True
+        )
         if mode == "nearest" and align_corners is not None:
             raise ValueError(
                 "Upsample: align_corners applies to mode='bilinear' only, got "
@@ -335,13 +339,11 @@ class Upsample(Module):
             raise ValueError(
                 "Upsample: recompute_scale_factor is meaningful with scale_factor only"
             )
-        self.recompute_scale_factor = (
-            None if recompute_scale_factor is None else bool(recompute_scale_factor)
-        )
+        self.recompute_scale_factor = recompute_scale_factor
         self.size = tuple(size) if isinstance(size, list) else size
         self.scale_factor = tuple(scale_factor) if isinstance(scale_factor, list) else scale_factor
         self.mode = mode
-        self.align_corners = None if align_corners is None else bool(align_corners)
+        self.align_corners = align_corners
 
     def forward(self, x):
         check_ndim(self, x, (4,), "(N, C, H, W)")

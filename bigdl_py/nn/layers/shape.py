@@ -5,7 +5,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import numpy as np
+
 from bigdl_py.autograd import ops
+from bigdl_py.nn.layers._arguments import check_int, is_integer
 from bigdl_py.nn.layers._base import label
 from bigdl_py.nn.module import Module
 
@@ -35,8 +38,8 @@ class Flatten(Module):
 
     def __init__(self, start_dim: int = 1, end_dim: int = -1):
         super().__init__()
-        self.start_dim = int(start_dim)
-        self.end_dim = int(end_dim)
+        self.start_dim = check_int(start_dim, "start_dim", "Flatten")
+        self.end_dim = check_int(end_dim, "end_dim", "Flatten")
 
     def forward(self, x):
         shape = tuple(x.shape)
@@ -77,9 +80,12 @@ class Reshape(Module):
 
     def __init__(self, shape: Sequence[int]):
         super().__init__()
-        if isinstance(shape, int):
+        if is_integer(shape):
             shape = (shape,)
-        self.shape = tuple(int(size) for size in shape)
+        sizes = tuple(shape) if isinstance(shape, (tuple, list, np.ndarray)) else None
+        if sizes is None or not all(map(is_integer, sizes)):
+            raise ValueError(f"Reshape: shape must be a sequence of integers, got {shape!r}")
+        self.shape = tuple(int(size) for size in sizes)
         if self.shape.count(-1) > 1 or any(size < -1 or size == 0 for size in self.shape):
             raise ValueError(
                 f"Reshape: shape must hold positive sizes and at most one -1, got {shape!r}"

@@ -96,3 +96,23 @@ def test_relu_forward_equals_numpy_maximum_across_its_pieces(rng, dtype, contigu
         values = values[:, ::2]
     got = ops.relu(Tensor(values, _copy=False)).numpy()
     np.testing.assert_array_equal(got, np.maximum(values, 0))
+
+
+@pytest.mark.parametrize(
+    "apply, name",
+    [(ops.sigmoid, "sigmoid"), (ops.gelu, "gelu"), (ops.leaky_relu, "leaky_relu")],
+)
+def test_integer_input_is_refused_not_truncated(apply, name):
+    # The results were cast back to int64: sigmoid and gelu of [-2, 0, 3] gave [0, 0, 0] and
+    # leaky_relu zeroed the negatives (int64(0.01) is 0).
+    with pytest.raises(TypeError, match=f"{name}: input must be floating point, got dtype int64"):
+        apply(Tensor(np.array([-2, 0, 3])))
+
+
+@pytest.mark.parametrize("apply", [ops.softmax, ops.log_softmax])
+def test_softmax_over_an_empty_axis_is_empty_as_pytorchs(torch, apply):
+    x = Tensor(np.zeros((2, 3, 0)), requires_grad=True)
+    output = apply(x, axis=-1)
+    assert output.shape == (2, 3, 0) == tuple(torch.softmax(torch.zeros(2, 3, 0), -1).shape)
+    output.sum().backward()
+    assert x.grad.shape == (2, 3, 0)
