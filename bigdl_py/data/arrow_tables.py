@@ -6,10 +6,10 @@ same length) and ``flatten()`` (to get all values as one array), then a reshape.
 single-chunk, null-free, fixed-size-list column of the target dtype is converted without a
 copy (the result is then a read-only view of the Arrow buffer).
 
-Supported column types: integer, float and boolean scalars; ``list``, ``large_list`` and
-``fixed_size_list`` of those (nested lists too); and the ``arrow.fixed_shape_tensor``
-extension type, which keeps a per-row shape (written by :func:`arrays_to_table` for
-images).
+Supported column types: integer, float, decimal (read as float64) and boolean scalars;
+``list``, ``large_list`` and ``fixed_size_list`` of those (nested lists too); and the
+``arrow.fixed_shape_tensor`` extension type, which keeps a per-row shape (written by
+:func:`arrays_to_table` for images).
 
 The same :func:`table_to_arrays` serves Parquet/Arrow files and Spark's ``mapInArrow``
 record batches.
@@ -74,6 +74,10 @@ def _array_to_numpy(array: pa.Array, column: str, rows_per_item: int = 1) -> np.
         width = int(lengths[0]) if len(lengths) else 0
         values = _array_to_numpy(array.flatten(), column, rows_per_item * max(width, 1))
         return values.reshape((len(array), width, *values.shape[1:]))
+    if pa.types.is_decimal(arrow_type):
+        # A decimal is a number: read as a double, as Spark ML's VectorAssembler and its
+        # estimators' label columns read it.
+        return array.cast(pa.float64()).to_numpy(zero_copy_only=False)
     if (
         pa.types.is_integer(arrow_type)
         or pa.types.is_floating(arrow_type)

@@ -18,8 +18,9 @@
   models, one OptimMethod each, e.g. a GAN) on DistriOptimizer's machinery.
 - :mod:`bigdl_py.spark.ml` — Spark ML pipeline stages ``NNEstimator``, ``NNClassifier``,
   ``NNModel`` and ``NNClassifierModel`` (importable from here too).
-- :mod:`bigdl_py.spark.predict_udf` — ``predict_udf``: a model as a column function on
-  ``pyspark.ml.functions.predict_batch_udf`` (importable from here too).
+- :mod:`bigdl_py.spark.predict_udf` — ``predict_udf``: a model as a column function, the
+  Arrow UDF that ``predict`` uses (importable from here too); its column checks are in
+  :mod:`bigdl_py.spark.arrow_features`.
 
 Importing this package does not import pyspark; the functions do, when called, and the
 Spark ML stages are imported on first use.

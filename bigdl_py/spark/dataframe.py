@@ -350,18 +350,24 @@ def dataframe_to_arrays(
     return table_to_arrays(table, feature_cols, label_col, feature_shape, dtype, label_dtype)
 
 
-def array_to_list_column(array: np.ndarray) -> pa.Array:
-    """(rows,) -> a scalar column; (rows, ...) -> ``list<...>`` of each row's values, flat."""
+def array_to_list_column(array: np.ndarray, mask: np.ndarray | None = None) -> pa.Array:
+    """(rows,) -> a scalar column; (rows, ...) -> ``list<...>`` of each row's values, flat.
+
+    Rows where ``mask`` is True are null.
+    """
     array = np.ascontiguousarray(array)
+    if mask is not None and not mask.any():
+        mask = None
     if array.ndim == 1:
-        return pa.array(array)
+        return pa.array(array, mask=mask)
     rows = array.shape[0]
     width = int(np.prod(array.shape[1:], dtype=np.int64))
     offsets = pa.array(np.arange(rows + 1, dtype=np.int64) * width)
+    values = pa.array(array.reshape(-1))
+    nulls = None if mask is None else pa.array(mask)
     if rows * width < 2**31:
-        offsets = offsets.cast(pa.int32())
-        return pa.ListArray.from_arrays(offsets, pa.array(array.reshape(-1)))
-    return pa.LargeListArray.from_arrays(offsets, pa.array(array.reshape(-1)))
+        return pa.ListArray.from_arrays(offsets.cast(pa.int32()), values, mask=nulls)
+    return pa.LargeListArray.from_arrays(offsets, values, mask=nulls)
 
 
 def arrays_to_dataframe(

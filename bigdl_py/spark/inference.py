@@ -28,8 +28,9 @@ import copy
 import itertools
 import pickle
 import uuid
-from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Iterator
+from functools import partial
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -42,6 +43,7 @@ from bigdl_py.data import MiniBatch, Sample, table_to_arrays
 from bigdl_py.data.arrow_tables import ColumnSpec, ShapeSpec
 from bigdl_py.nn import LogSoftmax, Module, Sequential, Sigmoid, Softmax
 from bigdl_py.spark import worker
+from bigdl_py.spark.arrow_features import feature_batch, first_null, nonfinite_columns
 from bigdl_py.spark.dataframe import (
     array_to_list_column,
     arrow_ready_columns,
@@ -158,11 +160,30 @@ def _predictions(scores, output: str, final_activation: str | None) -> np.ndarra
     return backend.as_numpy(classes).astype(np.int64, copy=False)
 
 
+def check_nonfinite_policy(nonfinite: str, where: str) -> str:
+    """``nonfinite`` if it is one of :data:`NONFINITE_POLICIES`, else a ValueError."""
+    if nonfinite not in NONFINITE_POLICIES:
+        raise ValueError(
+            f"{where}: nonfinite must be one of {NONFINITE_POLICIES}, got {nonfinite!r}"
+        )
+    return nonfinite
+
+
 class _BatchPredictor:
-    """Runs the model over feature arrays, ``batch_size`` rows at a time (executor side)."""
+    """Runs the model over feature arrays, ``batch_size`` rows at a time (executor side).
+
+    ``where`` (``"predict"``, ``"predict_udf"``) begins its messages.
+    """
 
     def __init__(
-        self, shipped, batch_size, output, device_request, final_activation, nonfinite="error"
+        self,
+        shipped,
+        batch_size,
+        output,
+        device_request,
+        final_activation,
+        nonfinite="error",
+        where="predict",
     ):
         self.shipped = shipped
         self.batch_size = batch_size
@@ -170,27 +191,44 @@ class _BatchPredictor:
         self.device_request = device_request
         self.final_activation = final_activation
         self.nonfinite = nonfinite
+        self.where = where
         self.model = None
         self.device = None
         self.rows_seen = 0  # rows of this task's partition before the current call
 
-    def predict_rows(self, features: tuple) -> tuple[np.ndarray, np.ndarray | None]:
+    def row_name(self, row: int) -> str:
+        """Row ``row`` of the current batch, as a message names it."""
+        return (
+            f"partition {_partition_id()}, row {self.rows_seen + row} (counted from the "
+            "partition's first row)"
+        )
+
+    def predict_rows(
+        self, features: tuple, columns_at: Callable[[int], list[str]] | None = None
+    ) -> tuple[np.ndarray, np.ndarray | None]:
         """Predictions of every row, and a mask of rows with NaN/Inf features (None if
         none): with ``nonfinite="null"`` their predictions are placeholders to null out;
-        with ``"error"`` such a row raises, naming it."""
-        first_row = self.rows_seen
-        self.rows_seen += features[0].shape[0]
+        with ``"error"`` such a row raises, naming it (and, given ``columns_at``, which
+        maps a row of the batch to the names of its non-finite columns, its columns)."""
         bad = nonfinite_rows(features)
+        if bad is not None and self.nonfinite == "error":
+            row = int(np.flatnonzero(bad)[0])
+            columns = ""
+            if columns_at is not None:
+                names = columns_at(row)
+                columns = (
+                    " in column(s) " + ", ".join(repr(name) for name in names)
+                    if names
+                    else " (values too large for the model's dtype)"
+                )
+            raise ValueError(
+                f"{self.where}: {self.row_name(row)} has NaN or Inf features{columns} "
+                f"({int(bad.sum())} such rows in its batch); clean the data, or pass "
+                "nonfinite='null' to get null predictions for such rows"
+            )
+        self.rows_seen += features[0].shape[0]
         if bad is None:
             return self(features), None
-        if self.nonfinite == "error":
-            row = first_row + int(np.flatnonzero(bad)[0])
-            raise ValueError(
-                f"predict: partition {_partition_id()}, row {row} (counted from the "
-                f"partition's first row) has NaN or Inf features ({int(bad.sum())} such rows "
-                "in its batch); clean the data, or pass nonfinite='null' to get null "
-                "predictions for such rows"
-            )
         results = np.zeros((len(bad), *self(tuple(a[:1] for a in features)).shape[1:]))
         if not bad.all():
             good = self(tuple(array[~bad] for array in features))
@@ -208,7 +246,14 @@ class _BatchPredictor:
                 batch = MiniBatch(
                     tuple(array[start : start + self.batch_size] for array in features)
                 )
-                scores = forward(self.model, batch, self.device)
+                try:
+                    scores = forward(self.model, batch, self.device)
+                except (ValueError, TypeError, IndexError) as error:
+                    shapes = ", ".join(str(tuple(array.shape)) for array in features)
+                    raise ValueError(
+                        f"{self.where}: {type(self.model).__name__} does not accept input(s) "
+                        f"of shape {shapes} (rows, values...): {error}"
+                    ) from error
                 if not isinstance(scores, Tensor):
                     raise TypeError(
                         "predict needs a model that returns one Tensor; "
@@ -280,34 +325,82 @@ def _predict_records(records: Iterator, predictor: _BatchPredictor, chunk: int) 
 # --- DataFrame rows --------------------------------------------------------------------------
 
 
-def _arrow_predict_udf(
-    predictor: _BatchPredictor, feature_cols: ColumnSpec, feature_shape: ShapeSpec, dtype: Any
+class PredictionType(NamedTuple):
+    """What a prediction column holds: its Spark type, and each value's NumPy dtype; one
+    value per row (``scalar``) or a list of them."""
+
+    spark_type: Any  # a pyspark DataType or its DDL string
+    dtype: np.dtype
+    scalar: bool
+
+    def arrow_type(self) -> pa.DataType:
+        value = pa.from_numpy_dtype(self.dtype)
+        return value if self.scalar else pa.list_(value)
+
+
+def _prediction_column(
+    results: np.ndarray, bad: np.ndarray | None, kind: PredictionType, where: str
+) -> pa.Array:
+    """A batch's predictions as the UDF's Arrow column; rows where ``bad`` is True are null."""
+    if kind.scalar and results.ndim == 2:
+        if results.shape[1] != 1:
+            raise ValueError(
+                f"{where}: the return type holds one value per row, but the model gives "
+                f"{results.shape[1]} values per row; use an array return type"
+            )
+        results = results[:, 0]
+    return array_to_list_column(results.astype(kind.dtype, copy=False), mask=bad)
+
+
+def arrow_predict_udf(
+    predictor: _BatchPredictor,
+    model_inputs: Callable[[pa.RecordBatch], tuple[np.ndarray, ...]],
+    kind: PredictionType,
 ):
-    """A scalar-iterator Arrow UDF: a struct of the feature columns -> the predictions."""
-    as_classes = predictor.output == "class"
+    """A scalar-iterator Arrow UDF: one struct of feature columns -> the predictions.
+
+    Serves ``predict`` on DataFrames and ``predict_udf``. Each batch's columns are checked
+    (:func:`bigdl_py.spark.arrow_features.feature_batch`), a null anywhere fails naming the
+    row and column(s), ``model_inputs`` makes the model's input arrays from the columns,
+    and rows with NaN/Inf features fail or get null predictions (``predictor.nonfinite``).
+    """
+    where = predictor.where
 
     def predict_batches(columns: Iterator[pa.Array]) -> Iterator[pa.Array]:
         for struct_array in columns:
-            batch = pa.RecordBatch.from_struct_array(struct_array)
-            if batch.num_rows == 0:
-                yield pa.array([], type=pa.float64() if as_classes else pa.list_(pa.float32()))
-                continue
-            features, _ = table_to_arrays(batch, feature_cols, None, feature_shape, dtype)
-            features = features if isinstance(features, tuple) else (features,)
-            results, bad = predictor.predict_rows(features)
-            if as_classes:
-                yield pa.array(results.astype(np.float64), mask=bad)
-            elif bad is None:
-                yield array_to_list_column(results)
-            else:  # null rows: a list column built with a validity mask
-                column = array_to_list_column(results)
-                yield pa.array(
-                    [None if missing else item for item, missing in zip(column, bad, strict=True)],
-                    type=column.type,
+            batch = feature_batch(struct_array, where)
+            null = first_null(batch)
+            if null is not None:
+                row, names = null
+                raise ValueError(
+                    f"{where}: {predictor.row_name(row)} has a null in column(s) "
+                    f"{', '.join(repr(name) for name in names)}; drop or fill such rows first "
+                    "(nonfinite='null' is for NaN and Inf, which a null is not)"
                 )
+            if batch.num_rows == 0:
+                yield pa.array([], type=kind.arrow_type())
+                continue
+            features = model_inputs(batch)
+            results, bad = predictor.predict_rows(features, partial(nonfinite_columns, batch))
+            yield _prediction_column(results, bad, kind, where)
 
-    return_type = "double" if as_classes else "array<float>"
-    return require_arrow_udf()(predict_batches, return_type)
+    predict_batches.__name__ = where  # Spark names the UDF's column after it: predict_udf(...)
+    return require_arrow_udf()(predict_batches, kind.spark_type)
+
+
+class _TableInputs:
+    """A batch of ``predict``'s feature columns -> the model's input arrays."""
+
+    def __init__(self, feature_cols: ColumnSpec, feature_shape: ShapeSpec, dtype: Any):
+        self.feature_cols = feature_cols
+        self.feature_shape = feature_shape
+        self.dtype = dtype
+
+    def __call__(self, batch: pa.RecordBatch) -> tuple[np.ndarray, ...]:
+        features, _ = table_to_arrays(
+            batch, self.feature_cols, None, self.feature_shape, self.dtype
+        )
+        return features if isinstance(features, tuple) else (features,)
 
 
 def _predict_dataframe(df, predictor, feature_cols, feature_shape, prediction_col, dtype):
@@ -319,8 +412,14 @@ def _predict_dataframe(df, predictor, feature_cols, feature_shape, prediction_co
             "another name or drop it first"
         )
     columns = arrow_ready_columns(df, feature_cols, None, dtype)
-    udf = _arrow_predict_udf(predictor, feature_cols, feature_shape, dtype)
-    return df.withColumn(prediction_col, udf(F.struct(*columns)))
+    if predictor.output == "class":  # doubles, as Spark ML's evaluators expect
+        kind = PredictionType("double", np.dtype(np.float64), scalar=True)
+    else:
+        kind = PredictionType("array<float>", np.dtype(np.float32), scalar=False)
+    inputs = _TableInputs(feature_cols, feature_shape, dtype)
+    return df.withColumn(
+        prediction_col, arrow_predict_udf(predictor, inputs, kind)(F.struct(*columns))
+    )
 
 
 # --- the public entry points ---------------------------------------------------------------
@@ -388,8 +487,9 @@ def predict(
     batch_size : int
         Records per forward pass on an executor.
     feature_cols : str, list of str, or list of list of str
-        DataFrame only: the feature column(s) (array, Vector, or numeric scalar columns),
-        as in :func:`bigdl_py.spark.dataframe.dataframe_to_partition_arrays`.
+        DataFrame only: the feature column(s) (array, Vector, or numeric scalar columns;
+        decimals are read as doubles), as in
+        :func:`bigdl_py.spark.dataframe.dataframe_to_partition_arrays`.
     prediction_col : str
         DataFrame only: the name of the new column.
     output : {'probabilities', 'class', 'raw'}
@@ -406,8 +506,10 @@ def predict(
         DataFrame only: per-row shape of the features, e.g. ``(1, 28, 28)``.
     nonfinite : {'error', 'null'}
         A record whose features hold NaN or Inf: ``'error'`` fails the job naming its
-        partition and row (a model's output for it means nothing, and class 0 would look
-        like an answer); ``'null'`` gives it a null prediction (``None`` in an RDD).
+        partition and row (and, for a DataFrame, column) — a model's output for it means
+        nothing, and class 0 would look like an answer; ``'null'`` gives it a null
+        prediction (``None`` in an RDD). A null feature in a DataFrame fails either way,
+        naming its row and column.
 
     Returns
     -------
@@ -421,15 +523,15 @@ def predict(
     Raises
     ------
     ValueError
-        For an unknown ``output`` or ``device``, a bad ``batch_size``, or a
-        ``prediction_col`` that already exists.
+        For an unknown ``output``, ``device`` or ``nonfinite``, a bad ``batch_size``, or a
+        ``prediction_col`` that already exists. When the job runs: for a null or NaN/Inf
+        feature (see ``nonfinite``), or a model that does not take the features' shape; a
+        TypeError for DataFrame columns that are not numbers, arrays of numbers or Vectors
+        (a timestamp, date, string, ...), naming each and its Spark type.
     """
     if output not in OUTPUTS:
         raise ValueError(f"predict: output must be one of {OUTPUTS}, got {output!r}")
-    if nonfinite not in NONFINITE_POLICIES:
-        raise ValueError(
-            f"predict: nonfinite must be one of {NONFINITE_POLICIES}, got {nonfinite!r}"
-        )
+    check_nonfinite_policy(nonfinite, "predict")
     batch_size = _check_batch_size(batch_size, "predict")
     device_request = check_device_request(device)
     sc = _spark_context(data)

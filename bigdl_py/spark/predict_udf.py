@@ -1,9 +1,9 @@
-"""``predict_udf``: a bigdl_py model as a Spark column function, in Spark's own style.
+"""``predict_udf``: a bigdl_py model as a Spark column function.
 
-Built on :func:`pyspark.ml.functions.predict_batch_udf`, with the pieces ``predict`` uses
-(:mod:`bigdl_py.spark.inference`): the model is broadcast once when the UDF is made, each
-Python worker rebuilds it at most once (the worker cache, and Spark's ``ModelCache`` of the
-predict function), rows go through the model ``batch_size`` at a time, on the CPU or the GPU
+The same Arrow UDF that ``predict`` gives a DataFrame
+(:func:`bigdl_py.spark.inference.arrow_predict_udf`), as a function of columns: the model
+is broadcast once when the UDF is made, each Python worker rebuilds it at most once (the
+worker cache), rows go through the model ``batch_size`` at a time, on the CPU or the GPU
 Spark gave the task. So ::
 
     classify = predict_udf(model, output="class")
@@ -13,34 +13,45 @@ gives the same values, in the same row order, as ``NNModel(model).transform(df)`
 
 Columns
 -------
-Numeric columns, array columns and ML ``Vector`` columns (dense or sparse), in any mix. For a
-model of one input, the columns given to the UDF are put side by side per row (as
-``VectorAssembler`` would) and reshaped to ``input_shape``; for a model of several inputs,
-``input_shape`` lists one shape per input and the UDF takes one column per input.
+Numeric columns (decimals read as doubles), array columns and ML ``Vector`` columns (dense
+or sparse), in any mix. For a model of one input, the columns given to the UDF are put side
+by side per row (as ``VectorAssembler`` would) and reshaped to ``input_shape``; for a model
+of several inputs, ``input_shape`` lists one shape per input and the UDF takes one column
+per input. The columns travel inside one struct (whose field names are the columns' names,
+for messages), so one UDF takes any number of columns of any of these types.
 
-How the columns reach the model: ``predict_batch_udf`` reads array columns only with fixed
-tensor shapes, and splits a Vector into the four fields of its storage type. So the UDF hands
-it the columns inside one struct (plus a constant column, which makes it pass every column
-as it is), and the rows become arrays here, whatever the column types.
+Bad input
+---------
+A UDF does not see the DataFrame's schema, so its columns are checked on the executors, at
+each task's first batch, before the model runs: a timestamp, date, string, map or other
+non-numeric column fails naming every such column and its Spark type; a null (a null row or
+a null array element) fails naming the row and column. A row with NaN or Inf features fails
+naming its row and column, or with ``nonfinite="null"`` gets a null prediction, as in
+``predict``.
 """
 
 from __future__ import annotations
 
-import inspect
+import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import pyarrow as pa
 
+from bigdl_py.data import table_to_arrays
 from bigdl_py.nn import Module
 from bigdl_py.spark.gpu import check_device_request
 from bigdl_py.spark.inference import (
     OUTPUTS,
+    PredictionType,
     _BatchPredictor,
     _check_batch_size,
     _final_activation,
     _input_dtype,
     _ShippedModel,
+    arrow_predict_udf,
+    check_nonfinite_policy,
 )
 from bigdl_py.spark.session import CONNECT_INFERENCE_ALTERNATIVE, require_classic_spark
 
@@ -71,37 +82,9 @@ def _shape(values: Sequence[Any]) -> tuple[int, ...]:
     return shape
 
 
-def _row_values(value: Any) -> np.ndarray:
-    """One cell as a flat array: a number, an array (nested too) or a Vector's storage dict."""
-    if isinstance(value, dict):  # an ml.linalg Vector: type 1 dense, 0 sparse
-        if value["type"] == 1:
-            return np.asarray(value["values"], dtype=np.float64)
-        dense = np.zeros(int(value["size"]), dtype=np.float64)
-        dense[np.asarray(value["indices"], dtype=np.int64)] = value["values"]
-        return dense
-    array = np.asarray(value)
-    if array.dtype == object:
-        array = np.stack([_row_values(item) for item in array])
-    return array.reshape(-1)
-
-
-def _column_matrix(column: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """One column of a batch as ``(rows, values per row)``."""
-    if column.dtype != object:  # a numeric column
-        return column.astype(dtype, copy=False).reshape(len(column), 1)
-    rows = [_row_values(value) for value in column]
-    sizes = {row.size for row in rows}
-    if len(sizes) > 1:
-        raise ValueError(
-            f"predict_udf: the rows of one column hold {sorted(sizes)} values; every row of "
-            "a model input must have the same size"
-        )
-    return np.stack(rows).astype(dtype, copy=False)
-
-
-def _model_input(columns: list[np.ndarray], shape: tuple | None, index: int, dtype) -> np.ndarray:
-    """The columns of one model input, side by side per row, reshaped to ``shape``."""
-    matrix = np.concatenate([_column_matrix(column, dtype) for column in columns], axis=1)
+def _model_input(array: np.ndarray, shape: tuple | None, index: int) -> np.ndarray:
+    """One input's values, one flat row each, reshaped to ``shape``."""
+    matrix = array.reshape(len(array), -1)
     if shape is None:
         return matrix
     try:
@@ -113,68 +96,73 @@ def _model_input(columns: list[np.ndarray], shape: tuple | None, index: int, dty
         ) from None
 
 
-class _PredictFunction:
-    """What ``make_predict_fn`` returns on an executor: columns in, predictions out."""
+class _ModelInputs:
+    """A batch of the UDF's columns -> the model's input arrays (executor side)."""
 
-    def __init__(self, predictor: _BatchPredictor, shapes, dtype, model_name: str, result):
-        self.predictor = predictor
+    def __init__(self, shapes: list[tuple[int, ...] | None], dtype: np.dtype):
         self.shapes = shapes
         self.dtype = dtype
-        self.model_name = model_name
-        self.result = result  # (numpy dtype, scalar?) of what Spark expects back
 
-    def __call__(self, *columns: np.ndarray) -> np.ndarray:
-        columns = list(columns[:-1])  # the last one is the constant column
+    def __call__(self, batch: pa.RecordBatch) -> tuple[np.ndarray, ...]:
+        names = batch.schema.names
         if len(self.shapes) == 1:
-            inputs = (_model_input(columns, self.shapes[0], 0, self.dtype),)
+            groups = [names]
+        elif len(names) == len(self.shapes):
+            groups = [[name] for name in names]
         else:
-            inputs = tuple(
-                _model_input([column], shape, index, self.dtype)
-                for index, (column, shape) in enumerate(zip(columns, self.shapes, strict=True))
+            raise TypeError(
+                f"predict_udf: input_shape gives the model {len(self.shapes)} inputs, one "
+                f"column each, but the UDF got {len(names)} column(s) {names}"
             )
-        try:
-            predictions = self.predictor(inputs)
-        except (ValueError, TypeError, IndexError) as error:
-            shapes = ", ".join(str(tuple(array.shape)) for array in inputs)
-            raise ValueError(
-                f"predict_udf: {self.model_name} does not accept input(s) of shape {shapes} "
-                f"(rows, values...) made from the UDF's column(s): {error}. Check the "
-                "column(s) and input_shape"
-            ) from error
-        dtype, scalar = self.result
-        if scalar:
-            if predictions.ndim == 2 and predictions.shape[1] != 1:
-                raise ValueError(
-                    f"predict_udf: the return type is a number, but {self.model_name} gives "
-                    f"{predictions.shape[1]} values per row; use an array return type"
-                )
-            predictions = predictions.reshape(len(predictions))
-        return predictions.astype(dtype, copy=False)
+        arrays, _ = table_to_arrays(batch, groups, None, None, self.dtype)
+        return tuple(
+            _model_input(array, shape, index)
+            for index, (array, shape) in enumerate(zip(arrays, self.shapes, strict=True))
+        )
 
 
-def _result_type(return_type: Any, output: str) -> tuple[Any, tuple[np.dtype, bool]]:
-    """The Spark return type and what the predictions become for it."""
+def _result_type(return_type: Any, output: str) -> PredictionType:
+    """What the UDF returns for ``return_type`` and ``output``; refuses a type that would
+    truncate scores or probabilities."""
     from pyspark.sql import types as T
 
     if return_type is None:
         return_type = T.DoubleType() if output == "class" else T.ArrayType(T.FloatType())
     elif isinstance(return_type, str):
         return_type = T.DataType.fromDDL(return_type)
-    element = return_type.elementType if isinstance(return_type, T.ArrayType) else return_type
-    dtypes = {
-        T.FloatType: np.float32,
-        T.DoubleType: np.float64,
-        T.IntegerType: np.int32,
-        T.LongType: np.int64,
-    }
-    dtype = next((dtypes[kind] for kind in dtypes if isinstance(element, kind)), None)
-    if dtype is None or (isinstance(return_type, T.ArrayType) and output == "class"):
-        raise ValueError(
-            f"predict_udf: return_type {return_type.simpleString()} is not one this UDF "
-            "returns: use array<float> or array<double> (outputs 'raw' and 'probabilities'), "
-            "or float, double, int or long (one value per row; output 'class')"
+    elif not isinstance(return_type, T.DataType):
+        raise TypeError(
+            "predict_udf: return_type must be a pyspark DataType or a DDL string such as "
+            f"'array<float>', got {type(return_type).__name__}"
         )
-    return return_type, (np.dtype(dtype), not isinstance(return_type, T.ArrayType))
+    is_array = isinstance(return_type, T.ArrayType)
+    element = return_type.elementType if is_array else return_type
+    floats = {T.FloatType: np.float32, T.DoubleType: np.float64}
+    integers = {T.IntegerType: np.int32, T.LongType: np.int64}
+    dtype = next(
+        (dtype for kind, dtype in {**floats, **integers}.items() if isinstance(element, kind)),
+        None,
+    )
+    name = return_type.simpleString()
+    if dtype is None or (is_array and output == "class"):
+        raise ValueError(
+            f"predict_udf: return_type {name} is not one this UDF returns: use array<float> "
+            "or array<double> (outputs 'raw' and 'probabilities'), float or double (one "
+            "value per row), or int or long too for output 'class'"
+        )
+    if output != "class" and np.issubdtype(dtype, np.integer):
+        raise ValueError(
+            f"predict_udf: return_type {name} would truncate output={output!r}, which gives "
+            "fractions (scores, probabilities); use float or double (array<float> or "
+            "array<double> for several values per row): integer types are for output='class'"
+        )
+    return PredictionType(return_type, np.dtype(dtype), scalar=not is_array)
+
+
+def _column_name(column: Column) -> str:
+    """Spark's text of a Column's expression (its repr is ``Column<'text'>``)."""
+    shown = re.fullmatch(r"Column<'(.*)'>", repr(column), flags=re.DOTALL)
+    return shown.group(1) if shown else repr(column)
 
 
 class PredictUDF:
@@ -183,12 +171,11 @@ class PredictUDF:
     Call it with column names or Columns: ``udf("features")``, ``udf("x1", "x2")``.
     """
 
-    def __init__(self, make_predict_fn, shapes, return_type, batch_size):
-        self._make_predict_fn = make_predict_fn
+    def __init__(self, udf, shapes, return_type, batch_size):
+        self._udf = udf
         self._shapes = shapes
         self.return_type = return_type
         self.batch_size = batch_size
-        self._udfs: dict[int, Any] = {}
 
     def __call__(self, *columns: str | Column) -> Column:
         from pyspark.sql import functions as F
@@ -200,54 +187,24 @@ class PredictUDF:
                 f"predict_udf: input_shape gives the model {len(self._shapes)} inputs, so the "
                 f"UDF takes one column per input, got {len(columns)}"
             )
-        count = len(columns)
-        names = [f"c{index}" for index in range(count)]
+        # A named column keeps its name; an expression is named by its text (Spark would
+        # call it col1, col2, ...), so that messages name what the user wrote.
         struct = F.struct(
             *(
-                (F.col(column) if isinstance(column, str) else column).alias(name)
-                for column, name in zip(columns, names, strict=True)
+                F.col(column) if isinstance(column, str) else column.alias(_column_name(column))
+                for column in columns
             )
         )
-        return self.sql_function(count)(struct, F.lit(0))
+        return self._udf(struct)
 
-    def sql_function(self, columns: int = 1) -> Any:
-        """The Spark UDF behind a call with ``columns`` columns, to register for SQL.
+    def sql_function(self) -> Any:
+        """The Spark UDF behind the calls, to register for SQL.
 
-        ``spark.udf.register("classify", udf.sql_function(2))`` makes
-        ``classify(struct(x1, x2), 0)`` in SQL what ``udf("x1", "x2")`` is in Python: the
-        columns go inside one struct, followed by a constant (see the module docstring).
+        ``spark.udf.register("classify", udf.sql_function())`` makes
+        ``classify(struct(x1, x2))`` in SQL what ``udf("x1", "x2")`` is in Python: the
+        columns go inside one struct.
         """
-        from pyspark.ml.functions import predict_batch_udf
-
-        if columns not in self._udfs:
-            self._udfs[columns] = predict_batch_udf(
-                _with_parameters(self._make_predict_fn, columns + 1),
-                return_type=self.return_type,
-                batch_size=self.batch_size,
-                input_tensor_shapes={},  # take every column as it is (see the module doc)
-            )
-        return self._udfs[columns]
-
-
-def _with_parameters(make_predict_fn, count: int):
-    """``make_predict_fn`` whose predict function shows ``count`` parameters: that is how
-    ``predict_batch_udf`` decides to pass each column separately."""
-
-    def make() -> Any:
-        predict = make_predict_fn()
-
-        def call(*columns):
-            return predict(*columns)
-
-        call.__signature__ = inspect.Signature(
-            [
-                inspect.Parameter(f"column_{index}", inspect.Parameter.POSITIONAL_ONLY)
-                for index in range(count)
-            ]
-        )
-        return call
-
-    return make
+        return self._udf
 
 
 def predict_udf(
@@ -258,8 +215,9 @@ def predict_udf(
     output: str = "raw",
     device: str = "cpu",
     spark: SparkSession | None = None,
+    nonfinite: str = "error",
 ) -> PredictUDF:
-    """A column function that runs ``model`` on rows, built on ``predict_batch_udf``.
+    """A column function that runs ``model`` on rows, on Spark's Arrow UDFs.
 
     Parameters
     ----------
@@ -267,9 +225,10 @@ def predict_udf(
         Broadcast once, now (later changes to it do not reach the UDF); executors run it in
         evaluation mode without recording a graph.
     return_type : pyspark DataType or str, optional
-        ``array<float>`` (default) or ``array<double>`` for ``raw``/``probabilities``;
-        ``double`` (default for ``class``), ``float``, ``int`` or ``long`` for one value per
-        row (``class``, or a model with one output per row).
+        ``array<float>`` (default) or ``array<double>`` for ``raw``/``probabilities``, or
+        ``float``/``double`` for a model with one output per row; ``double`` (default),
+        ``float``, ``int`` or ``long`` for ``class``. Integer types are refused for
+        ``raw`` and ``probabilities``, whose fractions they would truncate.
     batch_size : int
         Rows per forward pass.
     input_shape : tuple of int, or list of them, optional
@@ -282,6 +241,10 @@ def predict_udf(
         Where each task computes, as in ``predict``.
     spark : SparkSession, optional
         The session whose executors run it (default: the active one).
+    nonfinite : {'error', 'null'}
+        A row whose features hold NaN or Inf: ``'error'`` fails the query naming its
+        partition, row and column(s); ``'null'`` gives it a null prediction. As in
+        ``predict``, a null feature (a null row, or a null array element) fails either way.
 
     Returns
     -------
@@ -291,9 +254,12 @@ def predict_udf(
     Raises
     ------
     ValueError
-        For an unknown ``output`` or ``device``, a bad ``batch_size``, ``input_shape`` or
-        ``return_type``; on the executors, naming the shapes, when the model does not take
-        the columns' rows.
+        For an unknown ``output``, ``device`` or ``nonfinite``, a bad ``batch_size`` or
+        ``input_shape``, or a ``return_type`` this UDF does not return (an integer type for
+        ``raw`` or ``probabilities``). When the query runs, on the executors: a column that
+        is not numeric (a timestamp, date, string, map, ...: a TypeError naming each and
+        its Spark type), a null or NaN/Inf feature (naming the row and column), rows the
+        model does not take (naming the shapes).
     SparkConnectNotSupportedError
         For a Spark Connect session (no broadcast variables); the message says what to do.
     """
@@ -305,24 +271,24 @@ def predict_udf(
         )
     if output not in OUTPUTS:
         raise ValueError(f"predict_udf: output must be one of {OUTPUTS}, got {output!r}")
+    check_nonfinite_policy(nonfinite, "predict_udf")
     batch_size = _check_batch_size(batch_size, "predict_udf")
     device_request = check_device_request(device)
     shapes = _shapes(input_shape)
+    kind = _result_type(return_type, output)
     session = spark if spark is not None else SparkSession.getActiveSession()
     if session is None:
         raise RuntimeError("predict_udf: no active SparkSession; start one or pass spark=")
     require_classic_spark(session, "predict_udf", CONNECT_INFERENCE_ALTERNATIVE)
-    spark_type, result = _result_type(return_type, output)
     predictor = _BatchPredictor(
         _ShippedModel(session.sparkContext, model),
         batch_size,
         output,
         device_request,
         _final_activation(model),
+        nonfinite,
+        where="predict_udf",
     )
-    dtype, model_name = _input_dtype(model), type(model).__name__
-
-    def make_predict_fn():
-        return _PredictFunction(predictor, shapes, dtype, model_name, result)
-
-    return PredictUDF(make_predict_fn, shapes, spark_type, batch_size)
+    inputs = _ModelInputs(shapes, _input_dtype(model))
+    udf = arrow_predict_udf(predictor, inputs, kind)
+    return PredictUDF(udf, shapes, kind.spark_type, batch_size)

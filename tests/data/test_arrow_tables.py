@@ -111,6 +111,16 @@ def test_nulls_non_numeric_columns_and_missing_columns_are_refused():
         table_to_arrays(pa.table({"x": [1.0], "y": [2.0]}), "x", "z")
 
 
+def test_decimal_columns_are_read_as_doubles():
+    import decimal
+
+    values = [decimal.Decimal("1.25"), decimal.Decimal("-3.5")]
+    table = pa.table({"d": pa.array(values, pa.decimal128(6, 2)), "y": [1, 0]})
+    features, labels = table_to_arrays(table, ["d", "d"], "y", dtype=None)
+    assert features.dtype == np.float64
+    np.testing.assert_array_equal(features, [[1.25, 1.25], [-3.5, -3.5]])
+
+
 def test_feature_shape_must_fit_the_row_width(rng):
     table = pa.table({"x": list_column(rng.random((2, 6)))})
     with pytest.raises(ValueError, match=r"feature_shape \(1, 2, 2\) needs 4 values per row.*6"):

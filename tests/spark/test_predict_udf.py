@@ -172,6 +172,15 @@ def test_a_scalar_return_type_needs_one_value_per_row(frame, model):
         ({"input_shape": (0, 4)}, ValueError, "input_shape"),
         ({"return_type": "string"}, ValueError, "return_type string"),
         ({"output": "class", "return_type": "array<float>"}, ValueError, "return_type"),
+        ({"nonfinite": "skip"}, ValueError, "nonfinite must be one of"),
+        ({"return_type": 5}, TypeError, "return_type must be a pyspark DataType"),
+        # Integers would truncate scores and probabilities (issue 27, item 8).
+        ({"return_type": "int"}, ValueError, r"return_type int would truncate output='raw'"),
+        (
+            {"output": "probabilities", "return_type": "array<bigint>"},
+            ValueError,
+            r"return_type array<bigint> would truncate output='probabilities'",
+        ),
     ],
 )
 def test_bad_settings_raise_naming_them(spark, model, kwargs, error, match):
@@ -179,11 +188,130 @@ def test_bad_settings_raise_naming_them(spark, model, kwargs, error, match):
         predict_udf(model, **kwargs)
 
 
+def test_class_outputs_keep_their_integer_return_types(spark, model):
+    from pyspark.sql import types as T
+
+    for name in ("int", "long", "float", "double"):
+        udf = predict_udf(model, output="class", return_type=name)
+        assert udf.return_type == T.DataType.fromDDL(name)
+
+
+# --- bad input on the executors (issue 27, items 7, 8 and 16) --------------------------------
+# One job per test: each DataFrame holds several bad inputs, and the error names each.
+
+BAD_ROW = 9  # in the third Arrow batch of four rows: row numbers count across batches
+
+
+@pytest.fixture
+def small_arrow_batches(spark):
+    """Arrow batches of four rows, so that a bad row's number must count across batches."""
+    key = "spark.sql.execution.arrow.maxRecordsPerBatch"
+    spark.conf.set(key, "4")
+    yield
+    spark.conf.unset(key)
+
+
+def _one_partition(spark, rows, schema):
+    return spark.createDataFrame(rows, schema).coalesce(1)  # no shuffle: rows stay in order
+
+
+def test_nan_and_inf_features_fail_naming_row_and_columns(spark, model, small_arrow_batches):
+    values = np.arange(12 * 3, dtype=np.float64).reshape(12, 3) / 10
+    weights = np.ones(12)
+    values[BAD_ROW, 1], weights[BAD_ROW] = np.nan, np.inf
+    weights[BAD_ROW + 1] = -np.inf  # a second bad row: the first is named
+    rows = [(v.tolist(), float(w)) for v, w in zip(values, weights, strict=True)]
+    df = _one_partition(spark, rows, "features array<double>, w double")
+    with pytest.raises(
+        Exception,
+        match=rf"predict_udf: partition 0, row {BAD_ROW} \(counted from the partition's first "
+        r"row\) has NaN or Inf features in column\(s\) 'features', 'w' \(2 such rows",
+    ):
+        df.select(predict_udf(model, output="class")("features", "w")).collect()
+
+
+def test_nonfinite_null_gives_null_predictions_and_decimals_are_numbers(spark, model, features):
+    from decimal import Decimal
+
+    from pyspark.sql import functions as F
+
+    data = features[:12].astype(np.float64)
+    data[BAD_ROW, 2] = np.nan
+    rounded = np.round(np.nan_to_num(data), 4)
+    rows = [
+        (row.tolist(), *(Decimal(f"{value:.4f}") for value in decimals))
+        for row, decimals in zip(data, rounded, strict=True)
+    ]
+    decimal_columns = [f"d{j}" for j in range(INPUTS)]
+    schema = "features array<double>, " + ", ".join(f"{c} decimal(8,4)" for c in decimal_columns)
+    df = _one_partition(spark, rows, schema)
+    classes = predict_udf(model, output="class", return_type="long", nonfinite="null")
+    raw = predict_udf(model, nonfinite="null")
+    got = df.select(
+        classes("features").alias("class"),
+        raw("features").alias("raw"),
+        predict_udf(model)(*decimal_columns).alias("decimal"),
+        F.col("d0"),
+    ).collect()
+    expected = _local(model, np.nan_to_num(data).astype(np.float32))
+    good = [row for row in range(12) if row != BAD_ROW]
+    assert got[BAD_ROW]["class"] is None and got[BAD_ROW]["raw"] is None
+    assert [got[row]["class"] for row in good] == np.argmax(expected[good], axis=1).tolist()
+    np.testing.assert_allclose([got[row]["raw"] for row in good], expected[good], rtol=1e-6)
+    np.testing.assert_allclose(
+        [row["decimal"] for row in got], _local(model, rounded.astype(np.float32)), rtol=1e-6
+    )
+
+
+def test_columns_that_are_not_numbers_fail_naming_each_and_its_spark_type(spark, model):
+    import datetime
+
+    row = (
+        datetime.datetime(2026, 11, 28, 12),
+        datetime.date(2026, 11, 28),
+        {"a": 1.0},
+        "text",
+        (1.0,),
+        1.0,
+    )
+    schema = "ts timestamp, day date, m map<string,double>, s string, st struct<a:double>, x double"
+    df = spark.createDataFrame([row], schema)
+    with pytest.raises(
+        Exception,
+        match=r"predict_udf: columns 'ts' \(timestamp\), 'day' \(date\), 'm' "
+        r"\(map<string,double>\), 's' \(string\), 'st' \(struct<a:double>\) cannot be "
+        r"model features.*unix_micros",
+    ):
+        df.select(predict_udf(model)(*df.columns)).collect()
+
+
+def test_null_rows_and_elements_fail_naming_row_and_columns(spark, model):
+    from pyspark.ml.linalg import Vectors, VectorUDT
+    from pyspark.sql import types as T
+
+    good = (Vectors.dense([1.0]), [1.0], [1.0, 1.0], 1)
+    bad = (None, None, [1.0, None], None)  # a null Vector, array, element and number
+    schema = T.StructType(
+        [
+            T.StructField("v", VectorUDT()),
+            T.StructField("a", T.ArrayType(T.DoubleType())),
+            T.StructField("e", T.ArrayType(T.DoubleType())),
+            T.StructField("n", T.IntegerType()),
+        ]
+    )
+    df = _one_partition(spark, [good, good, bad, good], schema)
+    with pytest.raises(
+        Exception,
+        match=r"predict_udf: partition 0, row 2 .*has a null in column\(s\) 'v', 'a', 'e', 'n'",
+    ):
+        df.select(predict_udf(model)("v", "a", "e", "n")).collect()
+
+
 def test_sql_through_udf_register(spark, frame, model):
-    spark.udf.register("bigdl_py_test_predict", predict_udf(model).sql_function(1))
+    spark.udf.register("bigdl_py_test_predict", predict_udf(model).sql_function())
     frame.createOrReplaceTempView("bigdl_py_test_frame")
     rows = spark.sql(
-        "SELECT id, bigdl_py_test_predict(struct(features), 0) AS p FROM bigdl_py_test_frame"
+        "SELECT id, bigdl_py_test_predict(struct(features)) AS p FROM bigdl_py_test_frame"
     ).toPandas()
     want = NNModel(model).transform(frame).select("id", "prediction").toPandas()
     want = want.set_index("id").loc[rows["id"]]
