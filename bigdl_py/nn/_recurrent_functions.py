@@ -102,7 +102,7 @@ class _BufferPool:
 
     def take(self, like, shape: tuple, dtype):
         """An uninitialised array of ``shape`` on ``like``'s device."""
-        if not backend.is_cupy_array(like):
+        if not backend.is_device_array(like):
             with self._lock:
                 stack = self._free.get((tuple(shape), np.dtype(dtype).str))
                 if stack:
@@ -651,7 +651,7 @@ def _for_each_direction(like, directions: int, work, step_size: int) -> None:
     One direction with BLAS on several threads runs with BLAS held to one thread when a
     step's GEMM (``step_size`` multiply-adds) is small, for the same reason.
     """
-    on_gpu = backend.is_cupy_array(like)
+    on_gpu = backend.is_device_array(like)
     workers = 1 if on_gpu else conv_tiles.worker_count()
     if workers > 1 and directions == 1 and step_size < _SMALL_STEP_GEMM:
         with backend.blas_threads(1):

@@ -153,7 +153,7 @@ class OptimMethod:
                 f"{owner}.step: gradient shape {tuple(gradient.shape)} does not match weight "
                 f"shape {tuple(weight.shape)}"
             )
-        if backend.is_cupy_array(weight) != backend.is_cupy_array(gradient):
+        if backend.is_device_array(weight) != backend.is_device_array(gradient):
             raise ValueError(
                 f"{owner}.step: weight is on {backend.device_of(weight)} but gradient is on "
                 f"{backend.device_of(gradient)}"

@@ -105,7 +105,7 @@ def _for_each_tile(weights, work) -> None:
     if weights.ndim == 2:
         work(Ellipsis)
         return
-    on_gpu = backend.is_cupy_array(weights)
+    on_gpu = backend.is_device_array(weights)
     batch = weights.shape[0]
     workers = 1 if on_gpu else conv_tiles.worker_count()
     size = conv_tiles.tile_size(batch, weights[0].nbytes, workers, on_gpu)

@@ -299,7 +299,7 @@ def _tiles(batch, rows, columns_per_sample, array, products, samples_last=False)
     Samples-last tiles skip ``MIN_COLUMNS``: their copies slow down with the tile (ResNet-18's
     4x4 layer, 64 samples: 3.5 ms against 4 x 0.4 for tiles of 16), and the GEMMs of 256
     columns ran as fast as those of 1024 (95-97 against 96-103 GFLOP/s)."""
-    on_gpu = backend.is_cupy_array(array)
+    on_gpu = backend.is_device_array(array)
     threaded = batch * columns_per_sample * rows * products >= MIN_THREADED_MULTIPLY_ADDS
     workers = worker_count() if threaded else 1
     bytes_per_sample = rows * columns_per_sample * array.itemsize
@@ -317,7 +317,7 @@ def convolve(x, weight, stride, before, padded_hw, dilation, groups: int, bias=N
     """Cross-correlate ``x (N, C, H, W)``, zero-padded into a ``padded_hw`` frame ``before``
     rows/columns in, with ``weight (O, C/g, KH, KW)``; add ``bias``. Returns NCHW."""
     xp = backend.array_module(x)
-    on_gpu = backend.is_cupy_array(x)
+    on_gpu = backend.is_device_array(x)
     if conv_winograd.applies(weight.shape, stride, dilation, groups, on_gpu, x.dtype):
         return conv_winograd.convolve(x, weight, before, padded_hw, bias)
     batch = x.shape[0]
@@ -375,7 +375,7 @@ def convolution_weight_gradient(
     """Gradient of ``convolve``'s weight (and bias when ``with_bias``) given the output's
     gradient ``grad (N, O, OH, OW)``: ``(weight_grad, bias_grad or None)``."""
     xp = backend.array_module(x)
-    on_gpu = backend.is_cupy_array(x)
+    on_gpu = backend.is_device_array(x)
     if conv_winograd.applies(weight_shape, stride, dilation, groups, on_gpu, x.dtype):
         return conv_winograd.weight_gradient(x, grad, weight_shape, before, padded_hw, with_bias)
     batch = x.shape[0]

@@ -58,7 +58,7 @@ def matmul_2d(a, b):
         # An outer product, as a one-output Linear's input gradient is: OpenBLAS's GEMM
         # takes 38 us for (1024, 1) @ (1, 32), the broadcast product 15 us (one thread).
         return a * b
-    workers = 1 if backend.is_cupy_array(a) else worker_count()
+    workers = 1 if backend.is_device_array(a) else worker_count()
     if workers == 1 or rows == 0 or columns == 0:
         return a @ b
     if _runs_on_one_blas_thread(rows * columns * inner) or not tiles_shared_recently():
@@ -87,7 +87,7 @@ def matmul_any(a, b):
     if a.ndim == 2 and b.ndim == 2:
         return matmul_2d(a, b)
     xp = backend.array_module(a)
-    workers = 1 if backend.is_cupy_array(a) else worker_count()
+    workers = 1 if backend.is_device_array(a) else worker_count()
     if workers == 1 or a.size == 0 or b.size == 0:
         return xp.matmul(a, b)
     if a.ndim == 1 or b.ndim == 1:  # a matrix-vector product: one tile, BLAS held to one thread

@@ -47,7 +47,7 @@ def _uniform(shape, like, rng):
     alike then gives the same mask to float32 and float64 models.
     """
     draw_dtype = np.float32
-    if rng is None and backend.is_cupy_array(like):
+    if rng is None and backend.is_device_array(like):
         return backend.array_module(like).random.random(shape, dtype=draw_dtype)
     generator = default_generator() if rng is None else rng
     if not isinstance(generator, np.random.Generator):
@@ -74,7 +74,7 @@ def _keep_mask(shape, p: float, like, rng):
     """
     generator = default_generator() if rng is None else rng
     raw_bits = (
-        not (rng is None and backend.is_cupy_array(like))
+        not (rng is None and backend.is_device_array(like))
         and isinstance(generator, np.random.Generator)
         and type(generator.bit_generator) in _RAW_64_BIT_GENERATORS
     )
@@ -181,7 +181,7 @@ def add_rows(target, index, rows, zeroed: bool = False) -> None:
     """
     if index.size == 0:
         return
-    if backend.is_cupy_array(target):
+    if backend.is_device_array(target):
         backend.scatter_add(target, index, rows)
         return
     count = target.shape[0]
