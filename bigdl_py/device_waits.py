@@ -11,7 +11,7 @@ epoch, a checkpoint, the end of training) with :func:`device_sync_point`.
 Two things use the marks:
 
 * Checks of device data inside a step (a label out of range on the device, an id outside an
-  embedding's rows) do not read it there: :func:`check_on_device` keeps the device's
+  embedding's rows) do not read it there: :func:`check` keeps the device's
   answer (a 0-d boolean array) with a message and the step it came from, and
   :func:`raise_deferred_checks` reads the answers at the next sync point and raises the
   first failed one, naming its step. Outside a step (a user calling a loss directly) the
@@ -30,6 +30,8 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from bigdl_py import backend
+
 
 class DeviceSyncError(RuntimeError):
     """Device data was read back to the host inside a training step (a device wait)."""
@@ -42,6 +44,7 @@ class _Marks(threading.local):
         self.steps = 0
         self.sync_points = 0
         self.step_name = ""
+        self.step_number = 0
         self.pending: list = []
 
 
@@ -87,19 +90,26 @@ def check_read(what: str) -> None:
         raise DeviceSyncError(
             f"{what} reads device data back to the host inside a training step{step}: the "
             "host would wait for the device. Keep the value on the device, check it on the "
-            "host before the copy, or read it at a sync point (device_waits.check_on_device)"
+            "host before the copy, or read it at a sync point (device_waits.check)"
         )
 
 
-def set_step_name(name: str) -> None:
-    """Name the step now being queued (``"iteration 12 (epoch 2, batch 3 of 10)"``), for
-    the errors of the checks it defers."""
-    _marks.step_name = name
+def begin_step(name: str) -> None:
+    """The host starts queuing a new step, named ``name`` (``"iteration 12 (epoch 2, batch
+    3 of 10)"``) in the errors of the checks it defers."""
+    marks = _marks
+    marks.step_name = name
+    marks.step_number += 1
 
 
 def step_name() -> str:
-    """The name :func:`set_step_name` gave the step now being queued (``""``: none)."""
+    """The name :func:`begin_step` gave the step now being queued (``""``: none)."""
     return _marks.step_name
+
+
+def step_number() -> int:
+    """How many steps this thread has begun (:func:`begin_step`)."""
+    return _marks.step_number
 
 
 class _DeferredCheck:
@@ -111,18 +121,18 @@ class _DeferredCheck:
         self.failed, self.error, self.step_name = failed, error, step_name
 
 
-def check_on_device(failed: Any, error: Callable[[], Exception]) -> None:
-    """Raise ``error()`` when the 0-d device boolean ``failed`` is true: at once outside a
-    step, else at the next :func:`raise_deferred_checks` (a sync point).
+def check(failed: Any, error: Callable[[], Exception]) -> None:
+    """Raise ``error()`` when ``failed`` (a boolean, or a 0-d boolean array) is true.
 
+    A host value, or any value outside a step, is read at once. A device value inside a
+    step is kept, and read at the next :func:`raise_deferred_checks` (a sync point).
     ``error`` builds the exception; it may read device data (it runs where reading is
     allowed) and is called only when the check failed.
     """
-    if not waits_forbidden():
-        if bool(failed):
-            raise error()
-        return
-    _marks.pending.append(_DeferredCheck(failed, error, _marks.step_name))
+    if waits_forbidden() and backend.is_device_array(failed):
+        _marks.pending.append(_DeferredCheck(failed, error, _marks.step_name))
+    elif failed:
+        raise error()
 
 
 def raise_deferred_checks() -> None:

@@ -32,23 +32,23 @@ def test_the_marks_belong_to_one_thread():
 def test_a_check_outside_a_step_raises_at_once():
     failed = backend.to_device(np.array(True), "strict")
     with pytest.raises(IndexError, match="bad id"):
-        device_waits.check_on_device(failed, lambda: IndexError("bad id"))
-    device_waits.check_on_device(backend.to_device(np.array(False), "strict"), None)
+        device_waits.check(failed, lambda: IndexError("bad id"))
+    device_waits.check(backend.to_device(np.array(False), "strict"), None)
 
 
 def test_a_check_inside_a_step_waits_for_the_sync_point_and_names_its_step():
     xp = backend.STRICT.xp
     ids = backend.to_device(np.array([1, 7, 2]), "strict")
     with device_waits.no_device_waits():
-        device_waits.set_step_name("iteration 3")
-        device_waits.check_on_device(ids.max() >= 10, lambda: IndexError("never"))
-        device_waits.set_step_name("iteration 4")
+        device_waits.begin_step("iteration 3")
+        device_waits.check(ids.max() >= 10, lambda: IndexError("never"))
+        device_waits.begin_step("iteration 4")
         high = ids.max()
-        device_waits.check_on_device(high >= 5, lambda: IndexError(f"id {int(high)} >= 5"))
-        device_waits.set_step_name("")
+        device_waits.check(high >= 5, lambda: IndexError(f"id {int(high)} >= 5"))
+        device_waits.begin_step("")
         with pytest.raises(IndexError, match=r"id 7 >= 5 \[in iteration 4\]"):
             device_waits.raise_deferred_checks()
         device_waits.raise_deferred_checks()  # read once, then forgotten
-        device_waits.check_on_device(xp.asarray(True), lambda: ValueError("dropped"))
+        device_waits.check(xp.asarray(True), lambda: ValueError("dropped"))
         device_waits.discard_deferred_checks()
         device_waits.raise_deferred_checks()

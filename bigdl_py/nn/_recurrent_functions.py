@@ -309,9 +309,10 @@ class LSTMSequence(_PooledSequence):
         features = weights.shape[2] - size - self.has_bias
         upstream = _time_major_blocks(grad, directions, self.batch_first)  # (T + 2, N, D, H)
         # A classifier on the final states leaves the output sequence's gradient all zeros:
-        # then no step adds one (a pass to check is cheaper than the transposed copy).
+        # then no step adds one (a pass to check is cheaper than the transposed copy). On a
+        # device the check would wait for it, so the zeros are added.
         grad_steps = None
-        if upstream[:steps].any():
+        if backend.is_device_array(upstream) or upstream[:steps].any():
             grad_steps = _to_steps(xp.swapaxes(upstream[:steps], 1, 3))  # (D, T, H, N)
         grad_hidden = xp.ascontiguousarray(upstream[steps].transpose(1, 2, 0))  # (D, H, N)
         grad_cell = xp.ascontiguousarray(upstream[steps + 1].transpose(1, 2, 0))

@@ -7,7 +7,7 @@ import threading
 
 import numpy as np
 
-from bigdl_py import backend
+from bigdl_py import backend, device_waits
 from bigdl_py.autograd.engine import RowGradient
 from bigdl_py.autograd.function import Function
 
@@ -125,14 +125,8 @@ class Embedding(Function):
                 f"embedding: weight must be 2-d (num_embeddings, embedding_dim), got shape "
                 f"{tuple(weight.shape)}"
             )
-        vocabulary = weight.shape[0]
         if indices.size:
-            low, high = int(indices.min()), int(indices.max())
-            if low < 0 or high >= vocabulary:
-                raise IndexError(
-                    f"embedding: indices must be in [0, {vocabulary - 1}] for a vocabulary of "
-                    f"{vocabulary} rows, got min {low} and max {high}"
-                )
+            check_indices(indices, weight.shape[0], "embedding")
         self.padding_idx = padding_idx
         self.weight_shape = weight.shape
         self.save_for_backward(indices)
@@ -144,9 +138,32 @@ class Embedding(Function):
         rows = grad.reshape(-1, self.weight_shape[1])
         if self.padding_idx is not None:
             kept = indices != self.padding_idx
-            indices, rows = indices[kept], rows[kept]
+            if backend.is_device_array(rows):
+                # Zero rows instead of a boolean selection, which sizes its result on the
+                # host (a device wait); the padding row then gets zeros added.
+                rows = rows * kept[:, None].astype(rows.dtype)
+            else:
+                indices, rows = indices[kept], rows[kept]
         # Only the looked-up rows: the engine adds them into the weight's .grad in place.
         return None, RowGradient(indices, rows, self.weight_shape)
+
+
+def check_indices(indices, count: int, name: str) -> None:
+    """Raise IndexError, naming ``name``, when an index lies outside ``[0, count)``.
+
+    Device indices are checked on the device: inside a training step the answer is read at
+    the next sync point (``device_waits``), and until then the lookups wrap around as
+    CuPy's do, so nothing reads outside the table.
+    """
+    low, high = indices.min(), indices.max()
+
+    def error() -> IndexError:
+        return IndexError(
+            f"{name}: indices must be in [0, {count - 1}] for a vocabulary of {count} rows, "
+            f"got min {int(low)} and max {int(high)}"
+        )
+
+    device_waits.check((low < 0) | (high >= count), error)
 
 
 def row_sums(index, rows, count: int):
