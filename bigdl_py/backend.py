@@ -191,7 +191,11 @@ def scatter_add(target: Any, index: Any, values: Any) -> None:
 
         cupyx.scatter_add(target, index, values)
     elif is_device_array(target):
-        array_module(target).add.at(target, index, values)
+        # The strict device wraps indices out of range around, as CuPy's indexing does.
+        xp = array_module(target)
+        if not isinstance(index, tuple):
+            index = index % target.shape[0]
+        xp.add.at(target, index, values)
     else:
         np.add.at(target, index, values)
 
@@ -199,6 +203,54 @@ def scatter_add(target: Any, index: Any, values: Any) -> None:
 def as_numpy(array: Any) -> np.ndarray:
     """A host (NumPy) copy or view of ``array`` (a device array is copied: a device wait)."""
     return array.get() if is_device_array(array) else np.asarray(array)
+
+
+class HostCopy:
+    """A copy of a device array to the host, queued without waiting for the device.
+
+    :meth:`wait` gives the host array; it waits only for the work queued before the copy.
+    The training loop waits for a step's loss one step later, when the device has (nearly)
+    run that step while the next one is queued behind it: the device never idles for it.
+    """
+
+    __slots__ = ("_host", "_event", "_step")
+
+    def __init__(self, array: Any):
+        self._event = None
+        self._step = None
+        if is_cupy_array(array):
+            import cupyx  # noqa: PLC0415 - reached only with CuPy arrays, after cupy imported
+
+            self._host = cupyx.empty_pinned(array.shape, array.dtype)
+            array.get(out=self._host, blocking=False)  # queued on the current stream
+            self._event = cupy_module().cuda.Event(block=False, disable_timing=True)
+            self._event.record()
+        elif type(array).__module__ == _STRICT_MODULE:
+            from bigdl_py import device_waits
+
+            self._host = array._host.copy()
+            self._step = device_waits.step_number()  # the step that queued the copy
+        else:
+            self._host = np.asarray(array)
+
+    def ready(self) -> bool:
+        """Whether :meth:`wait` would return without waiting."""
+        return self._event is None or self._event.done
+
+    def wait(self) -> np.ndarray:
+        """The host array, once the device has written it.
+
+        On the strict device, waiting inside a step for a copy the same step queued raises
+        ``DeviceSyncError``: on a GPU that wait would stall the step.
+        """
+        if self._event is not None:
+            self._event.synchronize()
+        elif self._step is not None:
+            from bigdl_py import device_waits
+
+            if device_waits.step_number() == self._step:
+                device_waits.check_read("waiting for a host copy queued by the same step")
+        return self._host
 
 
 def resolve_dtype(dtype: Any = None) -> np.dtype:

@@ -280,6 +280,8 @@ def _call(function, name: str, args: tuple, kwargs: dict) -> Any:
     # CuPy takes too. Ufuncs, whose inputs are all operands, refuse them.
     host_args = tuple(_unwrap(value, allow_host=True) for value in args)
     host_kwargs = {key: _unwrap(value, allow_host=True) for key, value in kwargs.items()}
+    if name == "take" and "mode" not in host_kwargs:
+        host_kwargs["mode"] = "wrap"  # CuPy wraps indices out of range instead of raising
     if name in _CREATION_FUNCTIONS:
         # A copy, as a transfer to a device makes one: the host array may change later.
         return StrictArray(np.array(function(*host_args, **host_kwargs)))
@@ -359,6 +361,13 @@ class _Namespace(types.SimpleNamespace):
 
 random = _Random()
 numpy = _Namespace(np)
+
+
+def device_memory(value: Any) -> Any:
+    """The host array behind a strict-device array (other values as they are), for code
+    that stands for the device itself, as a kernel's NumPy reference does: the device
+    reading its own memory is no wait for the host."""
+    return value._host if type(value) is StrictArray else value
 
 
 def to_strict(array: Any) -> StrictArray:

@@ -66,6 +66,15 @@ def labels_on(batch: MiniBatch, device: backend.Device) -> Tensor:
     return Tensor(backend.to_device(batch.labels, device), _copy=False)
 
 
+def criterion_target(criterion: Any, batch: MiniBatch, device: backend.Device) -> Tensor:
+    """The batch's labels as ``criterion`` takes them: host arrays for a criterion that
+    checks them on the host and copies them to its input's device itself (the package's
+    losses: ``checks_host_targets``), so no check reads the device; on ``device`` for any
+    other criterion."""
+    host = getattr(criterion, "checks_host_targets", False)
+    return labels_on(batch, backend.CPU if host else device)
+
+
 def evaluate_batches(
     model: Any,
     batches: Iterable[MiniBatch],
