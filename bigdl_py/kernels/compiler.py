@@ -74,7 +74,9 @@ class Kernel(NamedTuple):
         function((max(int(blocks), 1),), (threads,), tuple(passed))
 
 
-def run(kernel: Kernel, reference: Any, blocks: int, dtype: Any, *arguments: Any) -> None:
+def run(
+    kernel: Kernel, reference: Any, blocks: int, dtype: Any, *arguments: Any, threads: int = THREADS
+) -> None:
     """Run ``kernel`` on CuPy arrays, or its NumPy ``reference`` on the strict device.
 
     The reference takes the kernel's arguments in the kernel's order, with the strict
@@ -84,11 +86,25 @@ def run(kernel: Kernel, reference: Any, blocks: int, dtype: Any, *arguments: Any
     """
     on_cuda = any(backend.is_cupy_array(value) for value in arguments)
     if on_cuda:
-        kernel.launch(blocks, dtype, *arguments)
+        kernel.launch(blocks, dtype, *arguments, threads=threads)
         return
     from bigdl_py.strict_device import device_memory
 
     reference(*(device_memory(value) for value in arguments))
+
+
+def row_threads(width: int) -> int:
+    """Threads of a block that reduces one row of ``width`` values: a power of two from
+    32 to ``THREADS``, no wider than the row needs."""
+    threads = 32
+    while threads < width and threads < THREADS:
+        threads *= 2
+    return threads
+
+
+def row_blocks(rows: int) -> int:
+    """Blocks of a row-wise launch (each block strides over rows past the first)."""
+    return max(1, min(int(rows), 65535))
 
 
 def elementwise_blocks(count: int) -> int:

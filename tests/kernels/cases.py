@@ -14,6 +14,7 @@ import numpy as np
 
 from bigdl_py.kernels import compiler
 from bigdl_py.kernels import optimizers as fused_optimizers
+from bigdl_py.kernels import softmax as fused_softmax
 
 
 class KernelCase(NamedTuple):
@@ -23,6 +24,7 @@ class KernelCase(NamedTuple):
     arguments: Callable[[np.random.Generator, np.dtype], list]  # (rng, dtype) -> arguments
     outputs: tuple[int, ...]  # positions of the arrays the kernel writes
     blocks: Callable[[list], int]  # arguments -> blocks of the launch
+    threads: Callable[[list], int]  # arguments -> threads of a block
 
     def __repr__(self) -> str:
         return self.name
@@ -35,9 +37,10 @@ def copies(arguments: list) -> list:
 CASES: list[KernelCase] = []
 
 
-def case(name, kernel, reference, arguments, outputs, blocks=None) -> None:
+def case(name, kernel, reference, arguments, outputs, blocks=None, threads=None) -> None:
     blocks = blocks or (lambda args: compiler.elementwise_blocks(args[0]))
-    CASES.append(KernelCase(name, kernel, reference, arguments, tuple(outputs), blocks))
+    threads = threads or (lambda args: compiler.THREADS)
+    CASES.append(KernelCase(name, kernel, reference, arguments, tuple(outputs), blocks, threads))
 
 
 # --- optimizers --------------------------------------------------------------------------
@@ -165,3 +168,148 @@ def _adadelta_arguments(rng, dtype):
 
 case("adadelta", fused_optimizers.ADADELTA, fused_optimizers.adadelta_reference,
      _adadelta_arguments, (1, 3, 4))  # fmt: skip
+
+
+# --- softmax, NLL, cross-entropy -------------------------------------------------------------
+def _row_launch(args):
+    return compiler.row_blocks(args[0])
+
+
+def _row_threads(args):
+    return compiler.row_threads(args[1])
+
+
+def _rows_case(kernel, reference, rows, width, backward):
+    def make(rng, dtype):
+        x = (rng.standard_normal((rows, width)) * 3).astype(dtype)
+        if not backward:
+            return [rows, width, x, np.empty_like(x)]
+        y = np.empty_like(x)
+        forward = fused_softmax.REFERENCES[
+            fused_softmax.LOG_SOFTMAX_FORWARD
+            if "log" in kernel.name
+            else fused_softmax.SOFTMAX_FORWARD
+        ]
+        forward(rows, width, x, y)
+        return [rows, width, rng.standard_normal((rows, width)).astype(dtype), y, np.empty_like(x)]
+
+    case(
+        f"{kernel.name}-{rows}x{width}",
+        kernel,
+        reference,
+        make,
+        (4 if backward else 3,),
+        _row_launch,
+        _row_threads,
+    )
+
+
+for rows, width in [(7, 10), (5, 300), (3, 1)]:
+    for kernel, backward in [
+        (fused_softmax.SOFTMAX_FORWARD, False),
+        (fused_softmax.SOFTMAX_BACKWARD, True),
+        (fused_softmax.LOG_SOFTMAX_FORWARD, False),
+        (fused_softmax.LOG_SOFTMAX_BACKWARD, True),
+    ]:
+        _rows_case(kernel, fused_softmax.REFERENCES[kernel], rows, width, backward)
+
+ROWS, CLASSES = 9, 6
+LABELS = np.array([0, 5, -100, 2, 2, 1, 7, -100, 3])  # -100 ignored; 7 clamped to a class
+
+
+def _targets(rng, dtype, weighted):
+    weight = (rng.random(CLASSES) + 0.5).astype(dtype) if weighted else np.zeros(1, dtype)
+    return [LABELS.copy(), weight, int(weighted), -100]
+
+
+def _upstream(rng, dtype, reduction):
+    grad = rng.standard_normal(ROWS if reduction == 0 else 1).astype(dtype)
+    return [grad, np.array([3.5], dtype=dtype), reduction]
+
+
+for weighted in (False, True):
+    case(
+        f"nll_forward-weighted{weighted}",
+        fused_softmax.NLL_FORWARD,
+        fused_softmax.nll_forward_reference,
+        lambda rng, dtype, w=weighted: [
+            ROWS,
+            CLASSES,
+            rng.standard_normal((ROWS, CLASSES)).astype(dtype),
+            *_targets(rng, dtype, w),
+            np.empty(ROWS, dtype),
+            np.empty(ROWS, dtype),
+        ],  # fmt: skip
+        (7, 8),
+    )
+    for reduction in (0, 1, 2):
+        case(
+            f"nll_backward-weighted{weighted}-reduction{reduction}",
+            fused_softmax.NLL_BACKWARD,
+            fused_softmax.nll_backward_reference,
+            lambda rng, dtype, w=weighted, r=reduction: [
+                ROWS * CLASSES,
+                CLASSES,
+                *_targets(rng, dtype, w),
+                *_upstream(rng, dtype, r),
+                np.empty((ROWS, CLASSES), dtype),
+            ],  # fmt: skip
+            (9,),
+        )
+    for smoothing in (0.0, 0.2):
+        case(
+            f"cross_entropy_forward-weighted{weighted}-smoothing{smoothing}",
+            fused_softmax.CROSS_ENTROPY_FORWARD,
+            fused_softmax.cross_entropy_forward_reference,
+            lambda rng, dtype, w=weighted, s=smoothing: [
+                ROWS,
+                CLASSES,
+                (rng.standard_normal((ROWS, CLASSES)) * 3).astype(dtype),
+                *_targets(rng, dtype, w),
+                1 - s,
+                s / CLASSES,
+                *(np.empty(ROWS, dtype) for _ in range(4)),
+            ],  # fmt: skip
+            (9, 10, 11, 12),
+            _row_launch,
+            _row_threads,
+        )
+        for reduction in (0, 2):
+
+            def _backward(rng, dtype, w=weighted, s=smoothing, r=reduction):
+                logits = (rng.standard_normal((ROWS, CLASSES)) * 3).astype(dtype)
+                targets = _targets(rng, dtype, w)
+                kept = [np.empty(ROWS, dtype) for _ in range(4)]
+                fused_softmax.cross_entropy_forward_reference(
+                    ROWS, CLASSES, logits, *targets, 1 - s, s / CLASSES, *kept
+                )
+                total_weight = targets[1].sum(keepdims=True)
+                return [
+                    ROWS * CLASSES, CLASSES, logits, kept[2], kept[3], targets[0], targets[1],
+                    targets[2], total_weight, -100, 1 - s, s / CLASSES, s,
+                    *_upstream(rng, dtype, r), np.empty((ROWS, CLASSES), dtype),
+                ]  # fmt: skip
+
+            case(
+                f"cross_entropy_backward-weighted{weighted}-smoothing{smoothing}-reduction{reduction}",
+                fused_softmax.CROSS_ENTROPY_BACKWARD,
+                fused_softmax.cross_entropy_backward_reference,
+                _backward,
+                (16,),
+            )
+
+for mean in (0, 1):
+    case(
+        f"loss_reduce-mean{mean}",
+        fused_softmax.LOSS_REDUCE,
+        fused_softmax.loss_reduce_reference,
+        lambda rng, dtype, m=mean: [
+            300,
+            rng.standard_normal(300).astype(dtype),
+            rng.random(300).astype(dtype),
+            m,
+            np.empty(2, dtype),
+        ],  # fmt: skip
+        (4,),
+        lambda args: 1,
+    )

@@ -18,7 +18,8 @@ def test_the_cuda_source_computes_its_reference(emulate, kernel_case, dtype):
     arguments = kernel_case.arguments(np.random.default_rng(0), dtype)
     expected, emulated = copies(arguments), copies(arguments)
     kernel_case.reference(*expected)
-    emulate(kernel_case.kernel, kernel_case.blocks(arguments), dtype, *emulated)
+    blocks, threads = kernel_case.blocks(arguments), kernel_case.threads(arguments)
+    emulate(kernel_case.kernel, blocks, dtype, *emulated, threads=threads)
     tolerance = {np.float32: 2e-6, np.float64: 1e-13}[dtype.type]
     for position in kernel_case.outputs:
         np.testing.assert_allclose(

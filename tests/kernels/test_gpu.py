@@ -26,7 +26,8 @@ def test_the_compiled_kernel_computes_its_reference(kernel_case, dtype):
         backend.to_device(value, "cuda") if isinstance(value, np.ndarray) else value
         for value in arguments
     ]
-    kernel_case.kernel.launch(kernel_case.blocks(arguments), dtype, *on_device)
+    blocks, threads = kernel_case.blocks(arguments), kernel_case.threads(arguments)
+    kernel_case.kernel.launch(blocks, dtype, *on_device, threads=threads)
     # Transcendental functions (exp, tanh, log) are within a few ulp of the host's.
     tolerance = {np.float32: 1e-5, np.float64: 1e-12}[dtype.type]
     for position in kernel_case.outputs:

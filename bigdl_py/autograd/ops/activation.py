@@ -6,9 +6,10 @@ import math
 
 import numpy as np
 
-from bigdl_py import backend
+from bigdl_py import backend, kernels
 from bigdl_py.autograd.function import Function
 from bigdl_py.autograd.ops.conv_tiles import for_each_part
+from bigdl_py.kernels import softmax as fused_softmax
 
 
 def _leading(array, start, stop):
@@ -209,9 +210,19 @@ def _normal_cdf(xp, x):
     return xp.where(x >= 0, 1 - half_erfc, half_erfc)
 
 
+def _fused_softmax(a, axis) -> bool:
+    """Whether a (log-)softmax takes the fused row kernels (a device, the last axis)."""
+    return kernels.route(a) is not None and fused_softmax.applies(a, axis)
+
+
 class Softmax(Function):
     def forward(self, a, axis=-1):
         xp = backend.array_module(a)
+        self.fused = _fused_softmax(a, axis)
+        if self.fused:
+            out = fused_softmax.row_softmax(a, log=False)
+            self.save_for_backward(out)
+            return out
         shifted = a - a.max(axis=axis, keepdims=True)
         exps = xp.exp(shifted)
         out = exps / exps.sum(axis=axis, keepdims=True)
@@ -221,12 +232,19 @@ class Softmax(Function):
 
     def backward(self, grad):
         (out,) = self.saved
+        if self.fused:
+            return fused_softmax.row_softmax_backward(grad, out, log=False)
         return out * (grad - (grad * out).sum(axis=self.axis, keepdims=True))
 
 
 class LogSoftmax(Function):
     def forward(self, a, axis=-1):
         xp = backend.array_module(a)
+        self.fused = _fused_softmax(a, axis)
+        if self.fused:
+            out = fused_softmax.row_softmax(a, log=True)
+            self.save_for_backward(out)
+            return out
         shifted = a - a.max(axis=axis, keepdims=True)
         out = shifted - xp.log(xp.exp(shifted).sum(axis=axis, keepdims=True))
         self.axis = axis
@@ -235,5 +253,7 @@ class LogSoftmax(Function):
 
     def backward(self, grad):
         (out,) = self.saved
+        if self.fused:
+            return fused_softmax.row_softmax_backward(grad, out, log=True)
         xp = backend.array_module(out)
         return grad - xp.exp(out) * grad.sum(axis=self.axis, keepdims=True)

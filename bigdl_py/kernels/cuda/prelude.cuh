@@ -3,6 +3,9 @@
 typedef REAL real;
 typedef long long index_t;
 
+// NVRTC includes no headers: the math functions are built in, INFINITY is not.
+#define REAL_INFINITY ((real)__builtin_huge_val())
+
 // One element per thread over any n: each thread strides by the whole grid.
 #define GRID_STRIDE_LOOP(i, n)                                                     \
   for (index_t i = (index_t)blockIdx.x * blockDim.x + threadIdx.x; i < (index_t)(n); \
