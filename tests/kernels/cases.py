@@ -13,6 +13,7 @@ from typing import NamedTuple
 import numpy as np
 
 from bigdl_py.kernels import compiler
+from bigdl_py.kernels import normalization as fused_normalization
 from bigdl_py.kernels import optimizers as fused_optimizers
 from bigdl_py.kernels import softmax as fused_softmax
 
@@ -312,4 +313,161 @@ for mean in (0, 1):
         ],  # fmt: skip
         (4,),
         lambda args: 1,
+    )
+
+
+# --- batch norm and layer norm -----------------------------------------------------------------
+BATCH, CHANNELS, INNER = 5, 3, 70  # 350 values a channel: more than a block's threads
+
+
+def _bn_inputs(rng, dtype):
+    x = (rng.standard_normal((BATCH, CHANNELS, INNER)) * 2 + 1).astype(dtype)
+    mean = x.mean(axis=(0, 2)).astype(dtype)
+    inv_std = (1 / np.sqrt(x.var(axis=(0, 2)) + 1e-5)).astype(dtype)
+    return x, mean, inv_std, rng.standard_normal(CHANNELS).astype(dtype)
+
+
+for update in (0, 1):
+    case(
+        f"batch_norm_statistics-update{update}",
+        fused_normalization.BATCH_NORM_STATISTICS,
+        fused_normalization.batch_norm_statistics_reference,
+        lambda rng, dtype, u=update: [
+            BATCH,
+            CHANNELS,
+            INNER,
+            _bn_inputs(rng, dtype)[0],
+            np.empty(CHANNELS, dtype),
+            np.empty(CHANNELS, dtype),
+            rng.standard_normal(CHANNELS).astype(dtype),
+            (rng.random(CHANNELS) + 0.5).astype(dtype),
+            u,
+            1e-5,
+            0.1,
+            0.9,
+            350 / 349,
+        ],  # fmt: skip
+        (4, 5, 6, 7),
+        lambda args: 2,  # fewer blocks than channels: the blocks' stride loop runs
+    )
+for has_weight, has_bias in ((1, 1), (0, 1), (0, 0)):
+    case(
+        f"batch_norm_forward-weight{has_weight}-bias{has_bias}",
+        fused_normalization.BATCH_NORM_FORWARD,
+        fused_normalization.batch_norm_forward_reference,
+        lambda rng, dtype, w=has_weight, b=has_bias: [
+            BATCH * CHANNELS * INNER,
+            CHANNELS,
+            INNER,
+            *_bn_inputs(rng, dtype),
+            rng.standard_normal(CHANNELS).astype(dtype),
+            w,
+            b,
+            np.empty((BATCH, CHANNELS, INNER), dtype),
+        ],  # fmt: skip
+        (10,),
+    )
+case(
+    "batch_norm_backward_reduce",
+    fused_normalization.BATCH_NORM_BACKWARD_REDUCE,
+    fused_normalization.batch_norm_backward_reduce_reference,
+    lambda rng, dtype: [
+        BATCH,
+        CHANNELS,
+        INNER,
+        rng.standard_normal((BATCH, CHANNELS, INNER)).astype(dtype),
+        *_bn_inputs(rng, dtype)[:3],
+        np.empty(CHANNELS, dtype),
+        np.empty(CHANNELS, dtype),
+    ],  # fmt: skip
+    (7, 8),
+    lambda args: CHANNELS,
+)
+for has_weight, training in ((1, 1), (0, 1), (1, 0)):
+    case(
+        f"batch_norm_backward_input-weight{has_weight}-training{training}",
+        fused_normalization.BATCH_NORM_BACKWARD_INPUT,
+        fused_normalization.batch_norm_backward_input_reference,
+        lambda rng, dtype, w=has_weight, t=training: [
+            BATCH * CHANNELS * INNER,
+            CHANNELS,
+            INNER,
+            rng.standard_normal((BATCH, CHANNELS, INNER)).astype(dtype),
+            *_bn_inputs(rng, dtype),
+            w,
+            rng.standard_normal(CHANNELS).astype(dtype),
+            rng.standard_normal(CHANNELS).astype(dtype),
+            BATCH * INNER,
+            t,
+            np.empty((BATCH, CHANNELS, INNER), dtype),
+        ],  # fmt: skip
+        (13,),
+    )
+
+LN_ROWS, LN_WIDTH = 6, 300
+
+
+def _ln_inputs(rng, dtype):
+    x = (rng.standard_normal((LN_ROWS, LN_WIDTH)) * 3 - 1).astype(dtype)
+    mean = x.mean(axis=1).astype(dtype)
+    inv_std = (1 / np.sqrt(x.var(axis=1) + 1e-5)).astype(dtype)
+    return x, mean, inv_std
+
+
+for has_weight, has_bias in ((1, 1), (0, 0)):
+    case(
+        f"layer_norm_forward-weight{has_weight}-bias{has_bias}",
+        fused_normalization.LAYER_NORM_FORWARD,
+        fused_normalization.layer_norm_forward_reference,
+        lambda rng, dtype, w=has_weight, b=has_bias: [
+            LN_ROWS,
+            LN_WIDTH,
+            _ln_inputs(rng, dtype)[0],
+            rng.standard_normal(LN_WIDTH).astype(dtype),
+            rng.standard_normal(LN_WIDTH).astype(dtype),
+            w,
+            b,
+            1e-5,
+            np.empty((LN_ROWS, LN_WIDTH), dtype),
+            np.empty(LN_ROWS, dtype),
+            np.empty(LN_ROWS, dtype),
+        ],  # fmt: skip
+        (8, 9, 10),
+        lambda args: 4,
+        lambda args: compiler.row_threads(args[1]),
+    )
+    case(
+        f"layer_norm_backward_input-weight{has_weight}",
+        fused_normalization.LAYER_NORM_BACKWARD_INPUT,
+        fused_normalization.layer_norm_backward_input_reference,
+        lambda rng, dtype, w=has_weight: [
+            LN_ROWS,
+            LN_WIDTH,
+            rng.standard_normal((LN_ROWS, LN_WIDTH)).astype(dtype),
+            *_ln_inputs(rng, dtype),
+            rng.standard_normal(LN_WIDTH).astype(dtype),
+            w,
+            np.empty((LN_ROWS, LN_WIDTH), dtype),
+        ],  # fmt: skip
+        (8,),
+        lambda args: LN_ROWS,
+        lambda args: compiler.row_threads(args[1]),
+    )
+    case(
+        f"layer_norm_backward_affine-weight{has_weight}-bias{has_bias}",
+        fused_normalization.LAYER_NORM_BACKWARD_AFFINE,
+        fused_normalization.layer_norm_backward_affine_reference,
+        lambda rng, dtype, w=has_weight, b=has_bias: [
+            LN_ROWS,
+            LN_WIDTH,
+            rng.standard_normal((LN_ROWS, LN_WIDTH)).astype(dtype),
+            *_ln_inputs(rng, dtype),
+            np.zeros(LN_WIDTH, dtype),
+            np.zeros(LN_WIDTH, dtype),
+            w,
+            b,
+        ],  # fmt: skip
+        (6, 7),
+        lambda args: 100,
+        lambda args: compiler.row_threads(args[0]),
     )
