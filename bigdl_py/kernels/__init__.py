@@ -24,9 +24,12 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
+
 from bigdl_py import backend
 
 SWITCH_VARIABLE = "BIGDL_PY_FUSED_KERNELS"
+_REAL_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 CUDA, REFERENCE = "cuda", "reference"
 
 
@@ -45,7 +48,7 @@ def route(*arrays) -> str | None:
     for array in arrays:
         if array is None:
             continue
-        if not backend.is_device_array(array) or array.dtype.kind == "f" and array.itemsize < 4:
+        if not backend.is_device_array(array) or array.dtype not in _REAL_DTYPES:
             return None
         if first is None:
             first = array

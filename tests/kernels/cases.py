@@ -12,6 +12,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from bigdl_py.kernels import activations as fused_activations
 from bigdl_py.kernels import compiler
 from bigdl_py.kernels import normalization as fused_normalization
 from bigdl_py.kernels import optimizers as fused_optimizers
@@ -470,4 +471,43 @@ for has_weight, has_bias in ((1, 1), (0, 0)):
         (6, 7),
         lambda args: 100,
         lambda args: compiler.row_threads(args[0]),
+    )
+
+
+# --- activations -------------------------------------------------------------------------------
+def _activation_input(rng, dtype):
+    values = rng.standard_normal(SIZE) * 4
+    values[:3] = [0.0, 40.0, -40.0]
+    return values.astype(dtype)
+
+
+for kind in range(6):
+    case(
+        f"activation_forward-kind{kind}",
+        fused_activations.FORWARD,
+        fused_activations.forward_reference,
+        lambda rng, dtype, k=kind: [
+            SIZE,
+            k,
+            0.2,
+            _activation_input(rng, dtype),
+            np.empty(SIZE, dtype),
+        ],  # fmt: skip
+        (4,),
+    )
+
+    def _activation_backward(rng, dtype, k=kind):
+        x = _activation_input(rng, dtype)
+        saved = x
+        if fused_activations.SAVES_OUTPUT[k]:
+            saved = np.empty_like(x)
+            fused_activations.forward_reference(SIZE, k, 0.2, x, saved)
+        return [SIZE, k, 0.2, rng.standard_normal(SIZE).astype(dtype), saved, np.empty_like(x)]
+
+    case(
+        f"activation_backward-kind{kind}",
+        fused_activations.BACKWARD,
+        fused_activations.backward_reference,
+        _activation_backward,
+        (5,),
     )

@@ -20,12 +20,14 @@ def test_the_cuda_source_computes_its_reference(emulate, kernel_case, dtype):
     kernel_case.reference(*expected)
     blocks, threads = kernel_case.blocks(arguments), kernel_case.threads(arguments)
     emulate(kernel_case.kernel, blocks, dtype, *emulated, threads=threads)
-    tolerance = {np.float32: 2e-6, np.float64: 1e-13}[dtype.type]
+    # The C library's exp/tanh/log and NumPy's may differ in the last bit; near a
+    # cancellation (1 + tanh(x) for x << 0) that bit is all of a tiny value: hence atol.
+    rtol, atol = {np.float32: (2e-6, 1e-5), np.float64: (1e-13, 1e-13)}[dtype.type]
     for position in kernel_case.outputs:
         np.testing.assert_allclose(
             emulated[position],
             expected[position],
-            rtol=tolerance,
-            atol=tolerance,
+            rtol=rtol,
+            atol=atol,
             err_msg=f"argument {position} of {kernel_case.kernel.name}",
         )
