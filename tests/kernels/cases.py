@@ -14,6 +14,7 @@ import numpy as np
 
 from bigdl_py.kernels import activations as fused_activations
 from bigdl_py.kernels import compiler
+from bigdl_py.kernels import dropout as fused_dropout
 from bigdl_py.kernels import normalization as fused_normalization
 from bigdl_py.kernels import optimizers as fused_optimizers
 from bigdl_py.kernels import softmax as fused_softmax
@@ -511,3 +512,46 @@ for kind in range(6):
         _activation_backward,
         (5,),
     )
+
+
+# --- dropout -----------------------------------------------------------------------------------
+DROPPED = 1001  # not a multiple of 4: the last block of words is partly used
+STREAM = [0x0123456789ABCDEF, 2**32 - 3]  # an offset about to carry into the high word
+
+
+case(
+    "philox_take",
+    fused_dropout.PHILOX_TAKE,
+    fused_dropout.philox_take_reference,
+    lambda rng, dtype: [np.array(STREAM, np.uint64), np.zeros(2, np.uint64), 251],
+    (0, 1),
+    lambda args: 1,
+)
+case(
+    "dropout_mask",
+    fused_dropout.DROPOUT_MASK,
+    fused_dropout.dropout_mask_reference,
+    lambda rng, dtype: [
+        DROPPED,
+        np.array(STREAM, np.uint64),
+        fused_dropout.threshold(0.3),
+        np.zeros(DROPPED, bool),
+    ],  # fmt: skip
+    (3,),
+    lambda args: 2,
+)
+case(
+    "dropout_apply",
+    fused_dropout.DROPOUT_APPLY,
+    fused_dropout.dropout_apply_reference,
+    lambda rng, dtype: [
+        DROPPED,
+        rng.standard_normal(DROPPED).astype(dtype),
+        np.array(STREAM, np.uint64),
+        fused_dropout.threshold(0.3),
+        1 / 0.7,
+        np.empty(DROPPED, dtype),
+    ],  # fmt: skip
+    (5,),
+    lambda args: 2,
+)

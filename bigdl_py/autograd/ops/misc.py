@@ -7,9 +7,10 @@ import threading
 
 import numpy as np
 
-from bigdl_py import backend, device_waits
+from bigdl_py import backend, device_waits, kernels
 from bigdl_py.autograd.engine import RowGradient
 from bigdl_py.autograd.function import Function
+from bigdl_py.kernels import dropout as fused_dropout
 
 # Dropout draws from this generator when the caller passes none; ``manual_seed`` resets it.
 # A thread that called ``manual_seed`` itself draws from its own: Spark's one-task mode
@@ -23,14 +24,16 @@ def manual_seed(seed: int) -> None:
     """Reseed the generator that ``dropout`` uses when it is given no ``rng``: the process's
     (from the main thread) or, from another thread, that thread's own from now on.
 
-    On CUDA arrays without an ``rng``, dropout draws on the device from CuPy's global
-    generator, which this seeds too when CuPy is in use.
+    On device arrays without an ``rng``, dropout draws on the device from a Philox stream
+    whose seed comes from this generator (``bigdl_py.kernels.dropout``); this restarts it.
+    CuPy's global generator is seeded too when CuPy is in use.
     """
     global _default_generator
     generator = np.random.default_rng(seed)
     if threading.current_thread() is threading.main_thread():
         _default_generator = generator
     _thread_generators.generator = generator
+    fused_dropout.forget_streams()  # device streams restart from the new generator
     if backend.cuda_available():
         backend.cupy_module().random.seed(seed)
 
@@ -72,6 +75,8 @@ def _keep_mask(shape, p: float, like, rng):
     Otherwise ``_uniform(...) >= p``. Either way the mask depends on the generator only, not
     on the dtype of ``like``.
     """
+    if rng is None and kernels.route(like) is not None:
+        return fused_dropout.keep_mask(shape, p, like)  # drawn on the device
     generator = default_generator() if rng is None else rng
     raw_bits = (
         not (rng is None and backend.is_device_array(like))
@@ -96,15 +101,25 @@ class Dropout(Function):
     def forward(self, x, p=0.5, rng=None):
         if not backend.is_floating(x.dtype):
             raise TypeError(f"dropout: input must be floating point, got dtype {x.dtype}")
+        self.scale = x.dtype.type(1.0 / (1.0 - p)) if p < 1 else x.dtype.type(0)
+        self.p = p
+        self.fused = rng is None and kernels.route(x) is not None
+        if self.fused:
+            # One kernel, no mask kept: the backward regenerates it from the stream's copy.
+            taken = fused_dropout.take(x, x.size)
+            self.save_for_backward(taken)
+            return fused_dropout.apply(x, taken, p, self.scale)
         # A boolean mask costs 1 byte per element; the scale is applied as a separate step.
         keep = _keep_mask(x.shape, p, x, rng)
-        self.scale = x.dtype.type(1.0 / (1.0 - p)) if p < 1 else x.dtype.type(0)
         self.save_for_backward(keep)
         output = x * keep
         output *= self.scale
         return output
 
     def backward(self, grad):
+        if self.fused:
+            (taken,) = self.saved
+            return fused_dropout.apply(grad, taken, self.p, self.scale)
         (keep,) = self.saved
         grad_x = grad * keep
         grad_x *= self.scale
