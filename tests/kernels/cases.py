@@ -14,6 +14,7 @@ import numpy as np
 
 from bigdl_py.kernels import activations as fused_activations
 from bigdl_py.kernels import compiler
+from bigdl_py.kernels import convolution as fused_convolution
 from bigdl_py.kernels import dropout as fused_dropout
 from bigdl_py.kernels import normalization as fused_normalization
 from bigdl_py.kernels import optimizers as fused_optimizers
@@ -554,4 +555,92 @@ case(
     ],  # fmt: skip
     (5,),
     lambda args: 2,
+)
+
+
+# --- convolution -------------------------------------------------------------------------------
+# (N, C, H, W), (KH, KW), padding, stride, dilation: odd sizes, uneven strides and a dilation.
+CONVOLUTIONS = [((3, 2, 7, 6), (3, 2), (1, 0), (2, 1), (1, 2)), ((2, 3, 5, 5), (3, 3), (1, 1),
+                (1, 1), (1, 1))]  # fmt: skip
+
+
+def _conv_geometry(shape, kernel, padding, stride, dilation):
+    _, channels, height, width = shape
+    out = [
+        (size + 2 * pad - dil * (k - 1) - 1) // step + 1
+        for size, k, pad, step, dil in zip(
+            (height, width), kernel, padding, stride, dilation, strict=True
+        )
+    ]
+    return (channels, height, width, *kernel, *padding, *stride, *dilation, *out)
+
+
+for index, (shape, kernel, padding, stride, dilation) in enumerate(CONVOLUTIONS):
+    geometry = _conv_geometry(shape, kernel, padding, stride, dilation)
+    rows = shape[1] * kernel[0] * kernel[1]
+    area = geometry[11] * geometry[12]
+    first, samples = 1, shape[0] - 1  # a tile that starts past the first sample
+
+    case(
+        f"im2col-{index}",
+        fused_convolution.IM2COL,
+        fused_convolution.im2col_reference,
+        lambda rng, dtype, s=shape, g=geometry, r=rows, a=area, f=first, n=samples: [
+            r * n * a,
+            rng.standard_normal(s).astype(dtype),
+            f,
+            n,
+            *g,
+            np.empty((r, n * a), dtype),
+        ],  # fmt: skip
+        (17,),
+    )
+    case(
+        f"col2im-{index}",
+        fused_convolution.COL2IM,
+        fused_convolution.col2im_reference,
+        lambda rng, dtype, s=shape, g=geometry, r=rows, a=area, f=first, n=samples: [
+            n * s[1] * s[2] * s[3],
+            rng.standard_normal((r, n * a)).astype(dtype),
+            f,
+            n,
+            *g,
+            np.zeros(s, dtype),
+        ],  # fmt: skip
+        (17,),
+    )
+
+OUT_CHANNELS, AREA, SAMPLES_IN_BATCH = 4, 30, 5
+for has_bias in (0, 1):
+    case(
+        f"conv_store-bias{has_bias}",
+        fused_convolution.STORE,
+        fused_convolution.store_reference,
+        lambda rng, dtype, b=has_bias: [
+            3 * OUT_CHANNELS * AREA,
+            rng.standard_normal((OUT_CHANNELS, 3 * AREA)).astype(dtype),
+            rng.standard_normal(OUT_CHANNELS).astype(dtype),
+            b,
+            1,
+            3,
+            OUT_CHANNELS,
+            AREA,
+            np.zeros((SAMPLES_IN_BATCH, OUT_CHANNELS, AREA), dtype),
+        ],  # fmt: skip
+        (8,),
+    )
+case(
+    "conv_gather",
+    fused_convolution.GATHER,
+    fused_convolution.gather_reference,
+    lambda rng, dtype: [
+        3 * OUT_CHANNELS * AREA,
+        rng.standard_normal((SAMPLES_IN_BATCH, OUT_CHANNELS, AREA)).astype(dtype),
+        2,
+        3,
+        OUT_CHANNELS,
+        AREA,
+        np.empty((OUT_CHANNELS, 3 * AREA), dtype),
+    ],  # fmt: skip
+    (6,),
 )

@@ -40,8 +40,27 @@ def _kernel_names(family: str) -> list[str]:
     ]
 
 
-def test_every_kernel_the_package_launches_is_in_its_source():
+def _package_kernels() -> set:
+    import importlib
+    import pkgutil
+
+    import bigdl_py.kernels as package
+
+    found = set()
+    for module_info in pkgutil.iter_modules(package.__path__):
+        module = importlib.import_module(f"{package.__name__}.{module_info.name}")
+        found |= {value for value in vars(module).values() if isinstance(value, compiler.Kernel)}
+    return found
+
+
+def test_every_kernel_the_package_launches_is_in_its_source_and_has_test_inputs():
     from cases import CASES
 
-    for kernel_case in CASES:
-        assert kernel_case.kernel.name in _kernel_names(kernel_case.kernel.family)
+    launched = _package_kernels()
+    assert len(launched) >= 20
+    tested = {kernel_case.kernel for kernel_case in CASES}
+    for kernel in launched:
+        assert kernel.name in _kernel_names(kernel.family), kernel.name
+        assert kernel in tested, f"{kernel.name} has no case in cases.py"
+    for family in compiler.families():
+        assert set(_kernel_names(family)) <= {k.name for k in launched}, family
