@@ -215,10 +215,11 @@ def applies(x: Any, axis: int) -> bool:
     )
 
 
-def row_softmax(x: Any, log: bool) -> Any:
-    """Softmax (or log-softmax) of each row of ``x``'s last axis."""
+def row_softmax(x: Any, log: bool, out: Any = None) -> Any:
+    """Softmax (or log-softmax) of each row of ``x``'s last axis (into ``out``, which may
+    be ``x`` itself: each row is read before it is written)."""
     xp = backend.array_module(x)
-    y = xp.empty_like(x)
+    y = xp.empty_like(x) if out is None else out
     kernel = LOG_SOFTMAX_FORWARD if log else SOFTMAX_FORWARD
     _row_kernel(kernel, x.shape[-1], x.size // x.shape[-1], x.dtype, x, y)
     return y
