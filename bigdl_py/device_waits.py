@@ -41,8 +41,7 @@ class _Marks(threading.local):
     """This thread's position: inside how many steps and sync points, and which step."""
 
     def __init__(self):
-        self.steps = 0
-        self.sync_points = 0
+        self.modes: list[bool] = []  # innermost last: True in a step, False at a sync point
         self.step_name = ""
         self.step_number = 0
         self.pending: list = []
@@ -53,13 +52,14 @@ _marks = _Marks()
 
 @contextlib.contextmanager
 def no_device_waits() -> Iterator[None]:
-    """Code inside must not read device data back (a training step)."""
-    marks = _marks
-    marks.steps += 1
+    """Code inside must not read device data back (a training step); marks nest, the
+    innermost one rules (validation's batches inside its sync point are such a region)."""
+    modes = _marks.modes
+    modes.append(True)
     try:
         yield
     finally:
-        marks.steps -= 1
+        modes.pop()
 
 
 @contextlib.contextmanager
@@ -68,18 +68,18 @@ def device_sync_point(reason: str = "") -> Iterator[None]:
 
     ``reason`` says why (for readers; e.g. ``"validation"``)."""
     del reason
-    marks = _marks
-    marks.sync_points += 1
+    modes = _marks.modes
+    modes.append(False)
     try:
         yield
     finally:
-        marks.sync_points -= 1
+        modes.pop()
 
 
 def waits_forbidden() -> bool:
-    """Whether the calling thread is inside a step and not at a sync point."""
-    marks = _marks
-    return marks.steps > 0 and marks.sync_points == 0
+    """Whether the calling thread's innermost mark is a step (not a sync point)."""
+    modes = _marks.modes
+    return bool(modes) and modes[-1]
 
 
 def check_read(what: str) -> None:

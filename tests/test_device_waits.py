@@ -52,3 +52,11 @@ def test_a_check_inside_a_step_waits_for_the_sync_point_and_names_its_step():
         device_waits.check(xp.asarray(True), lambda: ValueError("dropped"))
         device_waits.discard_deferred_checks()
         device_waits.raise_deferred_checks()
+
+
+def test_the_innermost_mark_rules():
+    with device_waits.no_device_waits():
+        with device_waits.device_sync_point("validation"):
+            with device_waits.no_device_waits():  # validation's own batches
+                assert device_waits.waits_forbidden()
+            assert not device_waits.waits_forbidden()

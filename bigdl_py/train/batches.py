@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from bigdl_py import backend
+from bigdl_py import backend, device_waits
 from bigdl_py.autograd.grad_mode import no_grad
 from bigdl_py.autograd.tensor import Tensor
 from bigdl_py.data import ArrayDataset, BatchRandom, MiniBatch
@@ -84,13 +84,15 @@ def evaluate_batches(
     """Partial validation results of ``methods`` over ``batches`` (mergeable with others).
 
     The model runs in evaluation mode without recording a graph; its mode is restored after.
+    On a device the batches are queued without waiting for it: the totals stay there and
+    the checks of device data are read once, at the end.
     """
     device = backend.device(device)
     results = [method.empty_result() for method in methods]
     was_training = model.training
     model.eval()
     try:
-        with no_grad():
+        with no_grad(), device_waits.no_device_waits():
             for batch in batches:
                 output = forward(model, batch, device)
                 target = labels_on(batch, device)
@@ -100,4 +102,5 @@ def evaluate_batches(
                 ]
     finally:
         model.train(was_training)
-    return results
+    device_waits.raise_deferred_checks()
+    return [result.on_host() for result in results]

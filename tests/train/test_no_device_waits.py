@@ -235,3 +235,34 @@ def test_checkpoints_on_the_device_hold_the_state_of_their_iteration(tmp_path):
     assert written[0].iteration == written[1].iteration == 4
     for name, value in written[0].arrays.items():
         np.testing.assert_allclose(written[1].arrays[name], value, rtol=1e-5, atol=1e-6)
+
+
+def test_validation_on_the_device_reads_once_and_scores_as_on_the_host():
+    from bigdl_py.train import MAE, Loss, Top5Accuracy
+    from bigdl_py.train.batches import evaluate_batches, validation_batches
+
+    features, labels = make_blobs(samples=90)
+    dataset = ArrayDataset(features, labels, shuffle=False, train=False)
+    methods = [Top1Accuracy(), Top5Accuracy(), Loss(nn.NLLLoss())]
+    scores = []
+    for device in ("cpu", "strict"):
+        model = make_classifier().to(device)
+        scores.append(evaluate_batches(model, validation_batches(dataset, 20), methods, device))
+    for host, device in zip(*scores, strict=True):
+        assert isinstance(device.total, float) and device.count == host.count
+        assert device.value == pytest.approx(host.value, rel=1e-6)
+    regression = ArrayDataset(features, features[:, :3], shuffle=False, train=False)
+    model = nn.Linear(8, 3).to("strict")
+    (mae,) = evaluate_batches(model, validation_batches(regression, 32), [MAE()], "strict")
+    assert np.isfinite(mae.value)
+
+
+def test_a_bad_validation_label_on_the_device_is_reported_after_the_batches():
+    from bigdl_py.train.batches import evaluate_batches, validation_batches
+
+    features, labels = make_blobs(samples=60)
+    labels[33] = 5
+    dataset = ArrayDataset(features, labels, shuffle=False, train=False)
+    model = make_classifier().to("strict")
+    with pytest.raises(ValueError, match=r"target 5 at index 13 is outside the 3 classes"):
+        evaluate_batches(model, validation_batches(dataset, 20), [Top1Accuracy()], "strict")
