@@ -186,18 +186,36 @@ def scatter_add(target: Any, index: Any, values: Any) -> None:
     Plain ``target[index] += values`` keeps only one contribution per repeated index; the
     gradients of indexing and embedding need all of them.
     """
+    _scatter("add", target, index, values)
+
+
+def scatter_max(target: Any, index: Any, values: Any) -> None:
+    """``target[index] = max(target[index], values)`` in place, over every repeated index."""
+    _scatter("maximum", target, index, values)
+
+
+def scatter_min(target: Any, index: Any, values: Any) -> None:
+    """``target[index] = min(target[index], values)`` in place, over every repeated index."""
+    _scatter("minimum", target, index, values)
+
+
+_CUPYX_SCATTERS = {"add": "scatter_add", "maximum": "scatter_max", "minimum": "scatter_min"}
+
+
+def _scatter(operation: str, target: Any, index: Any, values: Any) -> None:
+    """``np.<operation>.at`` on the host; cupyx's scatter on CuPy arrays."""
     if is_cupy_array(target):
         import cupyx  # noqa: PLC0415 - reached only with CuPy arrays, after cupy imported
 
-        cupyx.scatter_add(target, index, values)
+        getattr(cupyx, _CUPYX_SCATTERS[operation])(target, index, values)
     elif is_device_array(target):
         # The strict device wraps indices out of range around, as CuPy's indexing does.
         xp = array_module(target)
         if not isinstance(index, tuple):
             index = index % target.shape[0]
-        xp.add.at(target, index, values)
+        getattr(xp, operation).at(target, index, values)
     else:
-        np.add.at(target, index, values)
+        getattr(np, operation).at(target, index, values)
 
 
 def as_numpy(array: Any) -> np.ndarray:
