@@ -86,7 +86,8 @@ def check_read(what: str) -> None:
     """Raise :class:`DeviceSyncError` when reading device data (``what``) would make the
     host wait inside a step; the strict device calls this on every read."""
     if waits_forbidden():
-        step = f" ({_marks.step_name})" if _marks.step_name else ""
+        name = str(_marks.step_name)
+        step = f" ({name})" if name else ""
         raise DeviceSyncError(
             f"{what} reads device data back to the host inside a training step{step}: the "
             "host would wait for the device. Keep the value on the device, check it on the "
@@ -94,9 +95,9 @@ def check_read(what: str) -> None:
         )
 
 
-def begin_step(name: str) -> None:
-    """The host starts queuing a new step, named ``name`` (``"iteration 12 (epoch 2, batch
-    3 of 10)"``) in the errors of the checks it defers."""
+def begin_step(name: Any) -> None:
+    """The host starts queuing a new step, named ``str(name)`` (``"iteration 12 (epoch 2,
+    batch 3 of 10)"``) in the errors of the checks it defers (formatted only then)."""
     marks = _marks
     marks.step_name = name
     marks.step_number += 1
@@ -104,7 +105,7 @@ def begin_step(name: str) -> None:
 
 def step_name() -> str:
     """The name :func:`begin_step` gave the step now being queued (``""``: none)."""
-    return _marks.step_name
+    return str(_marks.step_name)
 
 
 def step_number() -> int:
@@ -145,8 +146,9 @@ def raise_deferred_checks() -> None:
         for check in pending:
             if bool(check.failed):
                 error = check.error()
-                if check.step_name:
-                    error.args = (f"{error.args[0] if error.args else ''} [in {check.step_name}]",)
+                name = str(check.step_name)
+                if name:
+                    error.args = (f"{error.args[0] if error.args else ''} [in {name}]",)
                 raise error
 
 

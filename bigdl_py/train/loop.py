@@ -57,11 +57,25 @@ class NonFiniteLossError(FloatingPointError):
     """The training loss became NaN or infinite; training stopped before updating on it."""
 
 
+class _IterationName(NamedTuple):
+    """Which iteration: ``str()`` gives ``iteration 12 (epoch 2, batch 3 of 10)``."""
+
+    iteration: int
+    epoch: int
+    batch: int
+    batches: int
+
+    def __str__(self) -> str:
+        return (
+            f"iteration {self.iteration} (epoch {self.epoch}, batch {self.batch} of {self.batches})"
+        )
+
+
 class _LossReport(NamedTuple):
     """What reporting a device loss one step late needs of its iteration."""
 
     loss: DeviceLoss
-    where: str  # "iteration 12 (epoch 2, batch 3 of 10)"
+    where: _IterationName
     indices: Any  # the batch's sample indices
     state: TrainingState  # a copy, as right after the iteration
     throughput: float
@@ -430,7 +444,7 @@ class BaseOptimizer:
                 for i in range(count)
             ]
             started = time.perf_counter()
-            device_waits.begin_step(self._describe_iteration(len(plan)))
+            device_waits.begin_step(self._next_iteration(len(plan)))
             results = self.runner.run_iterations(
                 steps, stop_after_nonfinite=not self.skip_nonfinite_batches
             )
@@ -481,19 +495,18 @@ class BaseOptimizer:
         self._samples_done = sum(len(batch) for batch in plan[: state.iteration_in_epoch])
         self.progress.start_epoch(state.epoch + 1, state.iteration_in_epoch, len(plan))
 
-    def _describe_iteration(self, batches: int) -> str:
-        """``iteration 12 (epoch 2, batch 3 of 10)``: the next iteration, for people."""
+    def _next_iteration(self, batches: int) -> _IterationName:
+        """The name of the next iteration (formatted only when someone prints it)."""
         state = self.state
-        return (
-            f"iteration {state.iteration + 1} (epoch {state.epoch + 1}, batch "
-            f"{state.iteration_in_epoch + 1} of {batches})"
+        return _IterationName(
+            state.iteration + 1, state.epoch + 1, state.iteration_in_epoch + 1, batches
         )
 
     def _after_iteration(
         self, result: IterationResult, seconds: float, learning_rate: float, plan: list
     ) -> None:
         state = self.state
-        where = self._describe_iteration(len(plan))
+        where = self._next_iteration(len(plan))
         indices = plan[state.iteration_in_epoch]
         late = isinstance(result.loss, DeviceLoss)
         if not late:
@@ -543,7 +556,7 @@ class BaseOptimizer:
             with self._sync_point("a checkpoint"):
                 self._save_checkpoint()
 
-    def _check_loss(self, loss: float, where: str, indices: Any) -> None:
+    def _check_loss(self, loss: float, where: _IterationName, indices: Any) -> None:
         """A finite loss becomes ``state.loss``; a NaN/Inf one is skipped or stops training."""
         if math.isfinite(loss):
             self.state.loss = loss
@@ -596,7 +609,7 @@ class BaseOptimizer:
         trigger = summary.get_summary_trigger("Parameters")
         return trigger is not None and trigger(self.state)
 
-    def _nonfinite_loss(self, loss: float, where: str, indices: Any = None) -> None:
+    def _nonfinite_loss(self, loss: float, where: _IterationName, indices: Any = None) -> None:
         state = self.state
         if self.skip_nonfinite_batches:
             state.skipped_batches += 1

@@ -178,7 +178,10 @@ def check_indices(indices, count: int, name: str) -> None:
             f"got min {int(low)} and max {int(high)}"
         )
 
-    device_waits.check((low < 0) | (high >= count), error)
+    if backend.is_device_array(indices):
+        device_waits.check((low < 0) | (high >= count), error)
+    elif low < 0 or high >= count:
+        raise error()
 
 
 def row_sums(index, rows, count: int):
