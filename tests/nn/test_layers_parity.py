@@ -340,9 +340,7 @@ def test_layer_on_a_device_reads_nothing_back_and_matches_cpu(make_ours, make_th
         device_output.backward(Tensor(upstream, device="strict"))
     np.testing.assert_allclose(device_output.numpy(), cpu_output.numpy(), rtol=1e-9, atol=1e-12)
     cpu_tensors = [x for x in cpu_inputs if x.requires_grad] + list(cpu_layer.parameters())
-    device_tensors = [x for x in device_inputs if x.requires_grad] + list(
-        device_layer.parameters()
-    )
+    device_tensors = [x for x in device_inputs if x.requires_grad] + list(device_layer.parameters())
     for cpu_tensor, device_tensor in zip(cpu_tensors, device_tensors, strict=True):
         np.testing.assert_allclose(
             device_tensor.grad.numpy(), cpu_tensor.grad.numpy(), rtol=1e-9, atol=1e-12
