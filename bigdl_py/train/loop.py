@@ -579,6 +579,7 @@ class BaseOptimizer:
         loss = report.loss.value()
         self._check_loss(loss, report.where, report.indices)
         if math.isfinite(loss):
+            report.state.loss = loss  # the copy was taken before the loss was known
             self._report_loss(loss, report.state, report.throughput, report.learning_rate)
 
     @contextlib.contextmanager

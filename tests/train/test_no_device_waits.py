@@ -141,6 +141,7 @@ def test_losses_read_one_step_late_are_those_of_the_cpu_run():
             self.losses = []
 
         def on_iteration_end(self, state, loss, throughput, learning_rate):
+            assert state.loss == loss  # the state as right after that iteration
             self.losses.append((state.iteration, loss))
 
     records = [Record(), Record()]
@@ -266,3 +267,19 @@ def test_a_bad_validation_label_on_the_device_is_reported_after_the_batches():
     model = make_classifier().to("strict")
     with pytest.raises(ValueError, match=r"target 5 at index 13 is outside the 3 classes"):
         evaluate_batches(model, validation_batches(dataset, 20), [Top1Accuracy()], "strict")
+
+
+def test_the_train_summary_on_the_device_has_each_iterations_loss_as_on_the_host(tmp_path):
+    from bigdl_py.train import TrainSummary
+
+    features, labels = make_blobs(samples=100)
+    written = []
+    for optimizer, name in zip(train_both(features, labels, epochs=2), ("cpu", "strict"),
+                               strict=True):  # fmt: skip
+        summary = TrainSummary(tmp_path, name)
+        optimizer.set_train_summary(summary)
+        optimizer.optimize()
+        written.append(summary.read_scalar("Loss"))
+    cpu, strict = written
+    assert [step for step, _, _ in strict] == [step for step, _, _ in cpu] == list(range(1, 11))
+    np.testing.assert_allclose([v for _, v, _ in strict], [v for _, v, _ in cpu], rtol=1e-5)
