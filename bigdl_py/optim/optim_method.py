@@ -162,9 +162,8 @@ class OptimMethod:
         is False nothing changes, and the count of applied updates (bias corrections,
         SGD's first step) does not grow either."""
         xp = backend.array_module(weight)
-        if self._applied_steps is None or backend.device_of(self._applied_steps) != (
-            backend.device_of(weight)
-        ):
+        applied_steps = getattr(self, "_applied_steps", None)
+        if applied_steps is None or backend.device_of(applied_steps) != backend.device_of(weight):
             # Created once per device from the host's count (this call already counted).
             self._applied_steps = xp.asarray(self.step_count - 1, dtype=np.int64)
             self._always = xp.asarray(True)
@@ -185,9 +184,8 @@ class OptimMethod:
     def applied_step_count(self) -> int:
         """Updates applied so far: ``step_count`` less the updates a device skipped
         (``apply_if`` False); reading a device's count waits for it."""
-        if self._applied_steps is None:
-            return self.step_count
-        return int(self._applied_steps)
+        applied = getattr(self, "_applied_steps", None)  # None too for an old pickled one
+        return self.step_count if applied is None else int(applied)
 
     def _gated_update(self, weight: Any, gradient: Any, apply_if: Any) -> None:
         """``_update`` where ``apply_if`` holds, decided on the device: the weight and the
