@@ -42,7 +42,6 @@ _DATA_SIZED_FUNCTIONS = frozenset(
         "extract",
         "flatnonzero",
         "histogram",
-        "isclose_all",
         "nonzero",
         "unique",
         "unique_counts",
