@@ -3,6 +3,11 @@
 Every other module asks this one for the array module of an array (`array_module`) or of a
 device (`Device.xp`). CuPy is imported lazily, on first use of a CUDA device, so the whole
 package works on a machine without it.
+
+Besides ``cpu`` and ``cuda:<n>`` there is a ``strict`` device, for tests: host memory
+posing as a GPU (``bigdl_py.strict_device``). Code asks :func:`is_device_array` (not "is it
+CuPy?") when it picks the GPU route, so the strict device takes that route too, and its
+arrays refuse every read back to the host inside a training step.
 """
 
 from __future__ import annotations
@@ -72,13 +77,17 @@ class Device:
 
     @property
     def xp(self):
-        """The array module for this device (numpy or cupy)."""
-        return np if self.type == "cpu" else cupy_module()
+        """The array module for this device (numpy, cupy, or the strict device's)."""
+        if self.type == "cpu":
+            return np
+        if self.type == STRICT_TYPE:
+            return _strict_device().numpy
+        return cupy_module()
 
     @contextlib.contextmanager
     def activate(self):
         """Make this device current for array creation (a no-op on CPU)."""
-        if self.type == "cpu":
+        if self.type in ("cpu", STRICT_TYPE):
             yield
         else:
             with cupy_module().cuda.Device(self.index or 0):
@@ -86,10 +95,21 @@ class Device:
 
 
 CPU = Device("cpu")
+# The test device that poses as a GPU (see the module docstring).
+STRICT_TYPE = "strict"
+STRICT = Device(STRICT_TYPE)
+_STRICT_MODULE = "bigdl_py.strict_device"
+
+
+def _strict_device():
+    """The strict device's module, imported on first use (it imports ``device_waits``)."""
+    from bigdl_py import strict_device
+
+    return strict_device
 
 
 def device(spec: str | Device | None = None) -> Device:
-    """Parse ``'cpu'``, ``'cuda'``, ``'cuda:1'``, ``'gpu'`` or a Device into a Device."""
+    """Parse ``'cpu'``, ``'cuda'``, ``'cuda:1'``, ``'gpu'``, ``'strict'`` or a Device."""
     if spec is None:
         return CPU
     if isinstance(spec, Device):
@@ -99,12 +119,16 @@ def device(spec: str | Device | None = None) -> Device:
     text = spec.strip().lower()
     if text == "cpu":
         return CPU
+    if text == STRICT_TYPE:
+        return STRICT
     kind, _, index_text = text.partition(":")
     if kind in ("cuda", "gpu"):
         if index_text and not index_text.isdigit():
             raise ValueError(f"bad device index in {spec!r}: expected 'cuda:<n>' with n >= 0")
         return Device("cuda", int(index_text) if index_text else 0)
-    raise ValueError(f"unknown device {spec!r}: expected 'cpu', 'cuda' or 'cuda:<n>'")
+    raise ValueError(
+        f"unknown device {spec!r}: expected 'cpu', 'cuda', 'cuda:<n>' or 'strict' (tests)"
+    )
 
 
 def is_cupy_array(array: Any) -> bool:
@@ -112,15 +136,29 @@ def is_cupy_array(array: Any) -> bool:
     return type(array).__module__.startswith("cupy")
 
 
+def is_device_array(array: Any) -> bool:
+    """True for an array on a GPU (CuPy) or on the strict test device posing as one: what
+    code asks when it picks the GPU route."""
+    module = type(array).__module__
+    return module.startswith("cupy") or module == _STRICT_MODULE
+
+
 def array_module(array: Any):
     """numpy for host arrays and scalars, cupy for device arrays (Chainer's get_array_module)."""
-    return cupy_module() if is_cupy_array(array) else np
+    module = type(array).__module__
+    if module.startswith("cupy"):
+        return cupy_module()
+    if module == _STRICT_MODULE:
+        return _strict_device().numpy
+    return np
 
 
 def device_of(array: Any) -> Device:
     """The Device holding ``array``."""
     if is_cupy_array(array):
         return Device("cuda", int(array.device.id))
+    if type(array).__module__ == _STRICT_MODULE:
+        return STRICT
     return CPU
 
 
@@ -128,7 +166,13 @@ def to_device(array: Any, target: Device | str) -> Any:
     """Move an array to ``target``; returns the same array when it is already there."""
     target = device(target)
     if target.type == "cpu":
-        return array.get() if is_cupy_array(array) else np.asarray(array)
+        if is_device_array(array):
+            return array.get()
+        return np.asarray(array)
+    if target.type == STRICT_TYPE:
+        if is_cupy_array(array):
+            raise ValueError("cannot move a CUDA array to the strict test device")
+        return _strict_device().to_strict(array)
     cupy = cupy_module()
     if is_cupy_array(array) and int(array.device.id) == (target.index or 0):
         return array
@@ -145,7 +189,7 @@ def scatter_add(target: Any, index: Any, values: Any) -> None:
     scatter_reduce(target, index, values, "add")
 
 
-_SCATTERS = {"add": "scatter_add", "maximum": "scatter_max", "minimum": "scatter_min"}
+_CUPYX_SCATTERS = {"add": "scatter_add", "maximum": "scatter_max", "minimum": "scatter_min"}
 
 
 def scatter_reduce(target: Any, index: Any, values: Any, how: str) -> None:
@@ -157,7 +201,13 @@ def scatter_reduce(target: Any, index: Any, values: Any, how: str) -> None:
     if is_cupy_array(target):
         import cupyx  # noqa: PLC0415 - reached only with CuPy arrays, after cupy imported
 
-        getattr(cupyx, _SCATTERS[how])(target, index, values)
+        getattr(cupyx, _CUPYX_SCATTERS[how])(target, index, values)
+    elif is_device_array(target):
+        # The strict device wraps indices out of range around, as CuPy's indexing does.
+        xp = array_module(target)
+        if not isinstance(index, tuple):
+            index = index % target.shape[0]
+        getattr(xp, how).at(target, index, values)
     else:
         getattr(np, how).at(target, index, values)
 
@@ -170,8 +220,56 @@ def check_floating(dtype: Any, who: str) -> None:
 
 
 def as_numpy(array: Any) -> np.ndarray:
-    """A host (NumPy) copy or view of ``array``."""
-    return array.get() if is_cupy_array(array) else np.asarray(array)
+    """A host (NumPy) copy or view of ``array`` (a device array is copied: a device wait)."""
+    return array.get() if is_device_array(array) else np.asarray(array)
+
+
+class HostCopy:
+    """A copy of a device array to the host, queued without waiting for the device.
+
+    :meth:`wait` gives the host array; it waits only for the work queued before the copy.
+    The training loop waits for a step's loss one step later, when the device has (nearly)
+    run that step while the next one is queued behind it: the device never idles for it.
+    """
+
+    __slots__ = ("_host", "_event", "_step")
+
+    def __init__(self, array: Any):
+        self._event = None
+        self._step = None
+        if is_cupy_array(array):
+            import cupyx  # noqa: PLC0415 - reached only with CuPy arrays, after cupy imported
+
+            self._host = cupyx.empty_pinned(array.shape, array.dtype)
+            array.get(out=self._host, blocking=False)  # queued on the current stream
+            self._event = cupy_module().cuda.Event(block=False, disable_timing=True)
+            self._event.record()
+        elif type(array).__module__ == _STRICT_MODULE:
+            from bigdl_py import device_waits
+
+            self._host = array._host.copy()
+            self._step = device_waits.step_number()  # the step that queued the copy
+        else:
+            self._host = np.asarray(array)
+
+    def ready(self) -> bool:
+        """Whether :meth:`wait` would return without waiting."""
+        return self._event is None or self._event.done
+
+    def wait(self) -> np.ndarray:
+        """The host array, once the device has written it.
+
+        On the strict device, waiting inside a step for a copy the same step queued raises
+        ``DeviceSyncError``: on a GPU that wait would stall the step.
+        """
+        if self._event is not None:
+            self._event.synchronize()
+        elif self._step is not None:
+            from bigdl_py import device_waits
+
+            if device_waits.step_number() == self._step:
+                device_waits.check_read("waiting for a host copy queued by the same step")
+        return self._host
 
 
 def resolve_dtype(dtype: Any = None) -> np.dtype:

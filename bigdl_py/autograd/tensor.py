@@ -400,7 +400,7 @@ def _shape_arg(args: tuple) -> tuple:
 
 def _to_array(data: Any, dtype: Any, copy: bool):
     """Convert user data to a NumPy/CuPy array with our dtype defaults."""
-    if backend.is_cupy_array(data):
+    if backend.is_device_array(data):
         array = data if dtype is None else data.astype(dtype, copy=False)
         return array.copy() if copy and array is data else array
     if isinstance(data, np.ndarray) or np.isscalar(data) and hasattr(data, "dtype"):

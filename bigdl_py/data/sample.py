@@ -34,7 +34,7 @@ def _as_feature_tuple(features: Any, what: str) -> tuple:
             )
     else:
         arrays = (features,)
-    return tuple(array if backend.is_cupy_array(array) else np.asarray(array) for array in arrays)
+    return tuple(array if backend.is_device_array(array) else np.asarray(array) for array in arrays)
 
 
 def split_bounds(size: int, parts: int) -> list[tuple[int, int]]:
@@ -118,7 +118,7 @@ class MiniBatch:
 
     def __init__(self, features: Any, labels: Any = None):
         self.features = _as_feature_tuple(features, "MiniBatch features")
-        if labels is not None and not backend.is_cupy_array(labels):
+        if labels is not None and not backend.is_device_array(labels):
             labels = np.asarray(labels)
         self.labels = labels
         sizes = [array.shape[0] if array.ndim else None for array in self.features]

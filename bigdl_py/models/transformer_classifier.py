@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from bigdl_py import backend, nn
+from bigdl_py import backend, device_waits, nn
 from bigdl_py.autograd import ops
 from bigdl_py.autograd.tensor import Tensor
 
@@ -87,14 +87,20 @@ class TransformerClassifier(nn.Module):
                 f"max_length={self.max_length}, got shape {data.shape}"
             )
         ids = data.astype(np.int64)
-        if data.dtype.kind == "f" and bool((ids != data).any()):
-            raise ValueError("TransformerClassifier: token ids must be whole numbers")
-        low, high = int(ids.min()), int(ids.max())
-        if low < 0 or high >= self.vocab_size:
-            raise ValueError(
-                f"TransformerClassifier: token ids must lie in [0, {self.vocab_size}), got "
-                f"values in [{low}, {high}]"
+        # Device ids are checked on the device (read at the next sync point in a step).
+        if data.dtype.kind == "f":
+            device_waits.check(
+                (ids != data).any(),
+                lambda: ValueError("TransformerClassifier: token ids must be whole numbers"),
             )
+        low, high = ids.min(), ids.max()
+        device_waits.check(
+            (low < 0) | (high >= self.vocab_size),
+            lambda: ValueError(
+                f"TransformerClassifier: token ids must lie in [0, {self.vocab_size}), got "
+                f"values in [{int(low)}, {int(high)}]"
+            ),
+        )
         return ids
 
     def forward(self, tokens):
@@ -106,8 +112,10 @@ class TransformerClassifier(nn.Module):
             return self.classifier(self.encoder(x).mean(axis=1))
         padding = ids == self.padding_idx
         kept = (~padding).sum(axis=1, keepdims=True)
-        if bool((kept == 0).any()):
-            raise ValueError("TransformerClassifier: a sequence holds padding tokens only")
+        device_waits.check(
+            (kept == 0).any(),
+            lambda: ValueError("TransformerClassifier: a sequence holds padding tokens only"),
+        )
         encoded = self.encoder(x, src_key_padding_mask=padding)
         # Mean over the real tokens only: zero the padded positions, divide by their count.
         weights = ((~padding) / kept).astype(encoded.dtype)[:, :, None]

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from bigdl_py import backend
+from bigdl_py import backend, kernels
 from bigdl_py.autograd.function import Function
+from bigdl_py.kernels import softmax as fused_softmax
 
 
 def _reduce(losses, reduction: str, denominator):
@@ -95,19 +96,35 @@ class NegativeLogLikelihood(Function):
     def forward(
         self, log_probabilities, target, class_weight=None, ignore_index=-100, reduction="mean"
     ):
+        self.reduction, self.input_shape = reduction, log_probabilities.shape
+        self.fused = log_probabilities.ndim == 2 and kernels.route(log_probabilities) is not None
+        if self.fused:  # two kernels on a device: the rows' losses, then their reduction
+            self.targets = fused_softmax.class_targets(
+                log_probabilities, target, class_weight, ignore_index
+            )
+            loss, denominator = fused_softmax.nll(log_probabilities, self.targets, reduction)
+            self.save_for_backward(denominator)
+            return loss
         positions, _, sample_weight = _target_positions(
             log_probabilities, target, class_weight, ignore_index
         )
         losses = -log_probabilities.reshape(-1)[positions] * sample_weight
         denominator = sample_weight.sum()
-        self.reduction, self.input_shape = reduction, log_probabilities.shape
         self.save_for_backward(positions, sample_weight, denominator)
         return _reduce(losses, reduction, denominator)
 
     def backward(self, grad):
+        if self.fused:
+            (denominator,) = self.saved
+            return fused_softmax.nll_backward(
+                self.input_shape, self.targets, grad, denominator, self.reduction
+            ), None
         positions, sample_weight, denominator = self.saved
         upstream = _per_element_gradient(grad, self.reduction, denominator)
         return _scatter(self.input_shape, positions, -upstream * sample_weight, grad.dtype), None
+
+    def _release_extra(self) -> None:
+        self.targets = None
 
 
 class SoftmaxCrossEntropy(Function):
@@ -131,6 +148,15 @@ class SoftmaxCrossEntropy(Function):
     ):
         xp = backend.array_module(logits)
         classes = logits.shape[1]
+        self.reduction, self.label_smoothing = reduction, label_smoothing
+        self.fused = logits.ndim == 2 and kernels.route(logits) is not None
+        if self.fused:  # two kernels on a device; the backward recomputes the softmax
+            self.targets = fused_softmax.class_targets(logits, target, class_weight, ignore_index)
+            loss, *kept = fused_softmax.cross_entropy(
+                logits, self.targets, label_smoothing, reduction
+            )
+            self.save_for_backward(logits, *kept)
+            return loss
         shifted = logits - logits.max(axis=1, keepdims=True)
         log_probabilities = shifted - xp.log(xp.exp(shifted).sum(axis=1, keepdims=True))
         positions, valid, sample_weight = _target_positions(
@@ -144,7 +170,6 @@ class SoftmaxCrossEntropy(Function):
             smooth = -(log_probabilities * weight_along_classes).sum(axis=1) * valid
             losses = (1 - label_smoothing) * losses + (label_smoothing / classes) * smooth
         denominator = sample_weight.sum()
-        self.reduction, self.label_smoothing = reduction, label_smoothing
         self.class_weight = class_weight
         self.save_for_backward(
             xp.exp(log_probabilities), positions, valid, sample_weight, denominator
@@ -152,6 +177,19 @@ class SoftmaxCrossEntropy(Function):
         return _reduce(losses, reduction, denominator)
 
     def backward(self, grad):
+        if self.fused:
+            logits, denominator, row_max, row_log_total = self.saved
+            grad_logits = fused_softmax.cross_entropy_backward(
+                logits,
+                row_max,
+                row_log_total,
+                self.targets,
+                self.label_smoothing,
+                grad,
+                denominator,
+                self.reduction,
+            )
+            return grad_logits, None
         probabilities, positions, valid, sample_weight, denominator = self.saved
         upstream = _per_element_gradient(grad, self.reduction, denominator)
         upstream = upstream * valid  # per sample, 0 where ignored
@@ -173,6 +211,7 @@ class SoftmaxCrossEntropy(Function):
 
     def _release_extra(self) -> None:
         self.class_weight = None
+        self.targets = None
 
 
 def along_class_axis(vector, ndim: int):

@@ -102,7 +102,7 @@ class _BufferPool:
 
     def take(self, like, shape: tuple, dtype):
         """An uninitialised array of ``shape`` on ``like``'s device."""
-        if not backend.is_cupy_array(like):
+        if not backend.is_device_array(like):
             with self._lock:
                 stack = self._free.get((tuple(shape), np.dtype(dtype).str))
                 if stack:
@@ -309,9 +309,10 @@ class LSTMSequence(_PooledSequence):
         features = weights.shape[2] - size - self.has_bias
         upstream = _time_major_blocks(grad, directions, self.batch_first)  # (T + 2, N, D, H)
         # A classifier on the final states leaves the output sequence's gradient all zeros:
-        # then no step adds one (a pass to check is cheaper than the transposed copy).
+        # then no step adds one (a pass to check is cheaper than the transposed copy). On a
+        # device the check would wait for it, so the zeros are added.
         grad_steps = None
-        if upstream[:steps].any():
+        if backend.is_device_array(upstream) or upstream[:steps].any():
             grad_steps = _to_steps(xp.swapaxes(upstream[:steps], 1, 3))  # (D, T, H, N)
         grad_hidden = xp.ascontiguousarray(upstream[steps].transpose(1, 2, 0))  # (D, H, N)
         grad_cell = xp.ascontiguousarray(upstream[steps + 1].transpose(1, 2, 0))
@@ -651,7 +652,7 @@ def _for_each_direction(like, directions: int, work, step_size: int) -> None:
     One direction with BLAS on several threads runs with BLAS held to one thread when a
     step's GEMM (``step_size`` multiply-adds) is small, for the same reason.
     """
-    on_gpu = backend.is_cupy_array(like)
+    on_gpu = backend.is_device_array(like)
     workers = 1 if on_gpu else conv_tiles.worker_count()
     if workers > 1 and directions == 1 and step_size < _SMALL_STEP_GEMM:
         with backend.blas_threads(1):

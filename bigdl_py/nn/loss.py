@@ -5,7 +5,10 @@ Every loss is a ``Module`` called as ``loss(input, target)``. The arithmetic is 
 form and the numerically stable forms PyTorch uses. Targets are checked before any arithmetic,
 so a wrong label dtype, a label outside the classes or a shape mismatch is reported with
 the loss's name, the bad value and where it is, instead of surfacing as NaN or an obscure
-indexing error later.
+indexing error later. Host targets (what the training loop passes) are checked on the host
+before they are copied to the input's device; targets already on a device are checked
+there, and inside a training step the answer is read at the next sync point
+(``bigdl_py.device_waits``), so the step never waits for the device.
 
 ``docs/bigdl_mapping.md`` lists the BigDL criterion behind each class.
 """
@@ -16,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from bigdl_py import backend
+from bigdl_py import backend, device_waits
 from bigdl_py.autograd import ops
 from bigdl_py.autograd.tensor import Tensor
 from bigdl_py.nn import _loss_functions as functions
@@ -36,8 +39,19 @@ __all__ = [
 REDUCTIONS = ("mean", "sum", "none")
 
 
+def _target_array(target: Any):
+    """The array of a target given as a Tensor, a device array or host data."""
+    if isinstance(target, Tensor):
+        return target.data
+    return target if backend.is_device_array(target) else np.asarray(target)
+
+
 class _Loss(Module):
     """Base of the losses: holds and validates ``reduction``."""
+
+    #: Host targets are checked on the host and copied to the input's device here, so the
+    #: training loop hands them over as host arrays (``train.batches.criterion_target``).
+    checks_host_targets = True
 
     def __init__(self, reduction: str = "mean"):
         super().__init__()
@@ -65,7 +79,7 @@ class _Loss(Module):
         if isinstance(target, Tensor) and target.requires_grad:
             result = target
         else:
-            data = target.data if isinstance(target, Tensor) else np.asarray(target)
+            data = _target_array(target)
             data = backend.to_device(data, prediction.device).astype(prediction.dtype, copy=False)
             result = Tensor(data, _copy=False)
         if result.shape != prediction.shape:
@@ -210,7 +224,7 @@ class _ClassLoss(_Loss):
     def _class_target(self, target: Any, scores: Tensor) -> Tensor:
         """Integer class indices of the right shape and range, on the input's device."""
         name = type(self).__name__
-        data = target.data if isinstance(target, Tensor) else np.asarray(target)
+        data = _target_array(target)
         if data.dtype.kind not in "iu":
             alternative = ""
             if self._accepts_probabilities:
@@ -233,21 +247,24 @@ class _ClassLoss(_Loss):
                 f"{name}: input shape {scores.shape} needs a target of shape {expected}, one "
                 f"class index per sample, got target shape {tuple(data.shape)}{hint}"
             )
-        data = backend.to_device(data, scores.device)
+        # Host labels are checked before they are copied; labels already on a device are
+        # checked there, the answer read at the next sync point inside a training step.
         self._check_class_range(data, scores.shape[1])
-        return Tensor(data, _copy=False)
+        return Tensor(backend.to_device(data, scores.device), _copy=False)
 
     def _check_class_range(self, labels, classes: int) -> None:
         outside = ((labels < 0) | (labels >= classes)) & (labels != self.ignore_index)
-        if not bool(outside.any()):
-            return
+        device_waits.check(outside.any(), lambda: self._class_range_error(labels, outside, classes))
+
+    def _class_range_error(self, labels, outside, classes: int) -> IndexError:
+        """The error for the first label outside the classes (reads device labels)."""
         host_labels = backend.as_numpy(labels)
         position = tuple(int(i) for i in np.argwhere(backend.as_numpy(outside))[0])
         value = int(host_labels[position])
         hint = ""
         if int(host_labels.max()) == classes and int(host_labels.min()) >= 1:
             hint = " Labels are 0-based; BigDL's 1-based labels need labels - 1."
-        raise IndexError(
+        return IndexError(
             f"{type(self).__name__}: target[{', '.join(map(str, position))}] = {value} is "
             f"not a class index for {classes} classes (valid: 0 to {classes - 1}, or "
             f"ignore_index={self.ignore_index}).{hint}"
@@ -352,7 +369,7 @@ class CrossEntropyLoss(_ClassLoss):
     def forward(self, input, target):  # noqa: A002 - PyTorch's argument name
         logits = self._input(input)
         self._check_scores(logits)
-        target_data = target.data if isinstance(target, Tensor) else np.asarray(target)
+        target_data = _target_array(target)
         if backend.is_floating(target_data.dtype) and tuple(target_data.shape) == logits.shape:
             return self._probability_target_loss(logits, self._float_target(target, logits))
         target = self._class_target(target, logits)
@@ -443,13 +460,11 @@ class BCELoss(_BinaryLoss):
 
     def forward(self, input, target):  # noqa: A002 - PyTorch's argument name
         probabilities = self._input(input)
-        outside = (probabilities.data < 0) | (probabilities.data > 1)
-        if bool(outside.any()):
-            raise ValueError(
-                f"BCELoss: input must be probabilities in [0, 1], got values from "
-                f"{float(probabilities.data.min()):.6g} to {float(probabilities.data.max()):.6g}; "
-                "apply Sigmoid first, or use BCEWithLogitsLoss on the logits"
-            )
+        # On a device only the extremes are kept until a sync point reads the answer.
+        low, high = probabilities.data.min(), probabilities.data.max()
+        device_waits.check(
+            (low < 0) | (high > 1), lambda: _not_probabilities(float(low), float(high))
+        )
         target = self._float_target(target, probabilities)
         return functions.BinaryCrossEntropy.apply(
             probabilities,
@@ -457,6 +472,13 @@ class BCELoss(_BinaryLoss):
             weight=self._fitting_weight("weight", probabilities),
             reduction=self.reduction,
         )
+
+
+def _not_probabilities(low: float, high: float) -> ValueError:
+    return ValueError(
+        f"BCELoss: input must be probabilities in [0, 1], got values from {low:.6g} to "
+        f"{high:.6g}; apply Sigmoid first, or use BCEWithLogitsLoss on the logits"
+    )
 
 
 class BCEWithLogitsLoss(_BinaryLoss):

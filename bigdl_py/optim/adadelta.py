@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from bigdl_py import backend
+from bigdl_py.kernels import optimizers as fused
 from bigdl_py.optim.optim_method import OptimMethod, check_hyper_parameter
 from bigdl_py.optim.schedules import Schedule
 
@@ -51,6 +52,20 @@ class Adadelta(OptimMethod):
 
     def _state_names(self) -> tuple[str, ...]:
         return ("square_avg", "acc_delta")
+
+    _fused_kernel = fused.ADADELTA
+
+    def _fused_arguments(self, weight: Any, learning_rate: float) -> tuple:
+        state = self._state
+        return (
+            state["square_avg"],
+            state["acc_delta"],
+            learning_rate,
+            self.rho,
+            1.0 - self.rho,
+            self.eps,
+            self.weight_decay,
+        )
 
     def _update(self, weight: Any, gradient: Any, learning_rate: float) -> None:
         xp = backend.array_module(weight)

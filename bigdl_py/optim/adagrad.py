@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from bigdl_py import backend
+from bigdl_py.kernels import optimizers as fused
 from bigdl_py.optim.optim_method import OptimMethod, check_hyper_parameter
 from bigdl_py.optim.schedules import Schedule
 
@@ -56,6 +57,11 @@ class Adagrad(OptimMethod):
 
     def _state_names(self) -> tuple[str, ...]:
         return ("sum",)
+
+    _fused_kernel = fused.ADAGRAD
+
+    def _fused_arguments(self, weight: Any, learning_rate: float) -> tuple:
+        return (self._state["sum"], learning_rate, self.lr_decay, self.eps, self.weight_decay)
 
     def _initial_state(self, weight: Any) -> dict[str, Any]:
         xp = backend.array_module(weight)

@@ -6,6 +6,7 @@ import math
 from typing import Any
 
 from bigdl_py import backend
+from bigdl_py.kernels import optimizers as fused
 from bigdl_py.optim.optim_method import OptimMethod, check_hyper_parameter
 from bigdl_py.optim.schedules import Schedule
 
@@ -69,6 +70,29 @@ class Adam(OptimMethod):
     def _state_names(self) -> tuple[str, ...]:
         names = ("exp_avg", "exp_avg_sq")
         return names + ("max_exp_avg_sq",) if self.amsgrad else names
+
+    _fused_kernel = fused.ADAM
+    #: AdamW's decay shrinks the weight instead of joining the gradient.
+    _decoupled_decay = False
+
+    def _fused_arguments(self, weight: Any, learning_rate: float) -> tuple:
+        beta1, beta2 = self.betas
+        state = self._state
+        return (
+            state["exp_avg"],
+            state["exp_avg_sq"],
+            state.get("max_exp_avg_sq", weight),  # read only with amsgrad
+            learning_rate,
+            beta1,
+            beta2,
+            1.0 - beta1,
+            1.0 - beta2,
+            self.eps,
+            self.weight_decay,
+            int(self._decoupled_decay),
+            1.0 - learning_rate * self.weight_decay,
+            int(self.amsgrad),
+        )
 
     def _apply_weight_decay(self, weight: Any, gradient: Any, learning_rate: float) -> Any:
         """Adam's coupled decay: the penalty's gradient joins the gradient."""

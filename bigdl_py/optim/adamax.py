@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from bigdl_py import backend
+from bigdl_py.kernels import optimizers as fused
 from bigdl_py.optim.adam import check_betas
 from bigdl_py.optim.optim_method import OptimMethod, check_hyper_parameter
 from bigdl_py.optim.schedules import Schedule
@@ -52,6 +53,22 @@ class Adamax(OptimMethod):
 
     def _state_names(self) -> tuple[str, ...]:
         return ("exp_avg", "exp_inf")
+
+    _fused_kernel = fused.ADAMAX
+
+    def _fused_arguments(self, weight: Any, learning_rate: float) -> tuple:
+        beta1, beta2 = self.betas
+        state = self._state
+        return (
+            state["exp_avg"],
+            state["exp_inf"],
+            learning_rate,
+            beta1,
+            1.0 - beta1,
+            beta2,
+            self.eps,
+            self.weight_decay,
+        )
 
     def _update(self, weight: Any, gradient: Any, learning_rate: float) -> None:
         xp = backend.array_module(weight)

@@ -34,6 +34,8 @@ class AdamW(Adam):
     ):
         super().__init__(lr, betas, eps, weight_decay, amsgrad, schedule)
 
+    _decoupled_decay = True
+
     def _apply_weight_decay(self, weight: Any, gradient: Any, learning_rate: float) -> Any:
         """Decoupled decay: shrink the weight, leave the gradient alone."""
         if self.weight_decay != 0:

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from bigdl_py import backend
+from bigdl_py import backend, device_waits
 
 
 class ConstantClipping:
@@ -85,10 +85,7 @@ class L2NormClipping:
         """Phase 2: the factor every slice is multiplied by, from the summed squared norms."""
         norm = math.sqrt(total_squared_norm) if total_squared_norm >= 0 else math.nan
         if not math.isfinite(norm) and self.error_if_nonfinite:
-            raise FloatingPointError(
-                f"L2NormClipping: the gradient norm is {norm} (a NaN or Inf in the gradient); "
-                "lower the learning rate or check the loss"
-            )
+            raise self._nonfinite_norm(norm)
         return min(1.0, self.max_norm / (norm + 1e-6)) if not math.isnan(norm) else math.nan
 
     def clip_slice_(self, gradient_slice: Any, total_squared_norm: float) -> Any:
@@ -98,11 +95,37 @@ class L2NormClipping:
             gradient_slice *= scale
         return gradient_slice
 
-    def clip_(self, gradient: Any) -> float:
-        """Clip the whole gradient vector in place; return its norm before clipping."""
+    def clip_(self, gradient: Any) -> Any:
+        """Clip the whole gradient vector in place; return its norm before clipping.
+
+        On a device the norm stays there (a 0-d array) and so does the scale, so a training
+        step never waits for it; ``error_if_nonfinite`` is then checked at the next sync
+        point (``device_waits``).
+        """
+        if backend.is_device_array(gradient):
+            return self._clip_on_device(gradient)
         total = self.sum_of_squares(gradient)
         self.clip_slice_(gradient, total)
         return math.sqrt(total)
+
+    def _clip_on_device(self, gradient: Any) -> Any:
+        """``clip_`` with the arithmetic of ``scale_for`` on device scalars."""
+        xp = backend.array_module(gradient)
+        squares = gradient if gradient.dtype.itemsize >= 4 else gradient.astype(np.float32)
+        norm = xp.sqrt(xp.sum(xp.square(squares), dtype=np.float64))
+        if self.error_if_nonfinite:
+            device_waits.check(~xp.isfinite(norm), lambda: self._nonfinite_norm(float(norm)))
+        # min(1, ...) propagates a NaN norm, as scale_for does.
+        scale = xp.minimum(1.0, self.max_norm / (norm + 1e-6))
+        gradient *= scale.astype(gradient.dtype)
+        return norm
+
+    @staticmethod
+    def _nonfinite_norm(norm: float) -> FloatingPointError:
+        return FloatingPointError(
+            f"L2NormClipping: the gradient norm is {norm} (a NaN or Inf in the gradient); "
+            "lower the learning rate or check the loss"
+        )
 
     def __repr__(self) -> str:
         return f"L2NormClipping(max_norm={self.max_norm!r})"

@@ -31,7 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from bigdl_py import backend
+from bigdl_py import backend, kernels
+from bigdl_py.kernels import optimizers as fused_optimizers
 from bigdl_py.optim.schedules import Constant, Schedule
 
 _COUNTER_KEYS = ("step", "iteration", "epoch")
@@ -97,6 +98,9 @@ class OptimMethod:
         self.iteration = 0
         self.epoch = 0
         self._state: dict[str, Any] = {}
+        # On a device with a fused kernel: the count of applied updates, kept there.
+        self._applied_steps = None
+        self._always = None
 
     # --- the update rule (subclasses) ---------------------------------------------------
     def _state_names(self) -> tuple[str, ...]:
@@ -113,7 +117,7 @@ class OptimMethod:
         raise NotImplementedError(f"{type(self).__name__} does not implement _update()")
 
     # --- stepping -----------------------------------------------------------------------
-    def step(self, weight: Any, gradient: Any) -> Any:
+    def step(self, weight: Any, gradient: Any, apply_if: Any = None) -> Any:
         """Update ``weight`` in place from ``gradient`` with the scheduled learning rate.
 
         Parameters
@@ -123,6 +127,11 @@ class OptimMethod:
         gradient : array of the same shape and array library
             Not modified. A gradient of another float dtype (fp16 off the wire) is cast to the
             weight's dtype first, so the update and the state keep the weight's precision.
+        apply_if : 0-d boolean device array, optional
+            Device arrays only: update only if it holds True, decided on the device without
+            reading it back (a training step on a GPU gates its update on a finite loss so).
+            Where it is False, the weight and the per-element state keep their values;
+            ``step_count`` still counts the call (the host cannot know).
 
         Returns
         -------
@@ -133,8 +142,66 @@ class OptimMethod:
             gradient = gradient.astype(weight.dtype)
         self._ensure_state(weight)
         self.step_count += 1
-        self._update(weight, gradient, self.current_learning_rate())
+        if self._fused_kernel is not None and kernels.route(weight, gradient) is not None:
+            self._fused_step(weight, gradient, apply_if)
+        elif apply_if is None:
+            self._update(weight, gradient, self.current_learning_rate())
+        else:
+            self._gated_update(weight, gradient, apply_if)
         return weight
+
+    #: The fused kernel of this rule on a device (``bigdl_py.kernels.optimizers``), or None.
+    _fused_kernel = None
+
+    def _fused_arguments(self, weight: Any, learning_rate: float) -> tuple:
+        """The kernel's arguments between the gradient and ``steps`` (rules with a kernel)."""
+        raise NotImplementedError
+
+    def _fused_step(self, weight: Any, gradient: Any, apply_if: Any) -> None:
+        """The update as one kernel, the step count kept on the device: where ``apply_if``
+        is False nothing changes, and the count of applied updates (bias corrections,
+        SGD's first step) does not grow either."""
+        xp = backend.array_module(weight)
+        applied_steps = getattr(self, "_applied_steps", None)
+        if applied_steps is None or backend.device_of(applied_steps) != backend.device_of(weight):
+            # Created once per device from the host's count (this call already counted).
+            self._applied_steps = xp.asarray(self.step_count - 1, dtype=np.int64)
+            self._always = xp.asarray(True)
+        applied = self._always if apply_if is None else apply_if
+        self._applied_steps += applied
+        arguments = self._fused_arguments(weight, self.current_learning_rate())
+        kernel = self._fused_kernel
+        fused_optimizers.update(
+            kernel,
+            fused_optimizers.REFERENCES[kernel],
+            weight,
+            gradient,
+            *arguments,
+            self._applied_steps,
+            applied,
+        )
+
+    def applied_step_count(self) -> int:
+        """Updates applied so far: ``step_count`` less the updates a device skipped
+        (``apply_if`` False); reading a device's count waits for it."""
+        applied = getattr(self, "_applied_steps", None)  # None too for an old pickled one
+        return self.step_count if applied is None else int(applied)
+
+    def _gated_update(self, weight: Any, gradient: Any, apply_if: Any) -> None:
+        """``_update`` where ``apply_if`` holds, decided on the device: the weight and the
+        state are copied first and copied back where it does not hold."""
+        if not backend.is_device_array(weight):
+            raise ValueError(
+                f"{type(self).__name__}.step: apply_if is for device arrays; on the host "
+                "decide before calling step"
+            )
+        xp = backend.array_module(weight)
+        targets = [weight, *self._state.values()]
+        before = [array.copy() for array in targets]
+        self._update(weight, gradient, self.current_learning_rate())
+        skipped = ~apply_if
+        for target, kept in zip(targets, before, strict=True):
+            xp.copyto(target, kept, where=skipped)
 
     def step_slice(self, weight_slice: Any, gradient_slice: Any, start: int) -> Any:
         """Step one slice starting at global offset ``start`` (the offset matters only to
@@ -153,7 +220,7 @@ class OptimMethod:
                 f"{owner}.step: gradient shape {tuple(gradient.shape)} does not match weight "
                 f"shape {tuple(weight.shape)}"
             )
-        if backend.is_cupy_array(weight) != backend.is_cupy_array(gradient):
+        if backend.device_of(weight) != backend.device_of(gradient):
             raise ValueError(
                 f"{owner}.step: weight is on {backend.device_of(weight)} but gradient is on "
                 f"{backend.device_of(gradient)}"
@@ -255,7 +322,7 @@ class OptimMethod:
         vector concatenate into the whole vector's state (``concatenate_state_dicts``).
         """
         state: dict[str, Any] = {
-            "step": self.step_count,
+            "step": self.applied_step_count(),
             "iteration": self.iteration,
             "epoch": self.epoch,
         }
@@ -299,6 +366,7 @@ class OptimMethod:
             }
         )
         self.step_count = int(state["step"])
+        self._applied_steps = None  # made again from step_count on the next device step
         self.iteration = int(state["iteration"])
         self.epoch = int(state["epoch"])
         self._state = {

@@ -176,16 +176,19 @@ class GroupedOptimMethod:
         self._pending_state: dict | None = None
 
     # --- stepping -----------------------------------------------------------------------
-    def step(self, weight: Any, gradient: Any) -> Any:
-        """Step the whole flat vector (``len(weight) == groups.size``)."""
+    def step(self, weight: Any, gradient: Any, apply_if: Any = None) -> Any:
+        """Step the whole flat vector (``len(weight) == groups.size``); ``apply_if`` as
+        ``OptimMethod.step`` takes it (device arrays)."""
         if weight.shape != (self.groups.size,):
             raise ValueError(
                 f"GroupedOptimMethod.step: weight shape {weight.shape} is not the whole vector "
                 f"({self.groups.size},); use step_slice for a slice"
             )
-        return self.step_slice(weight, gradient, 0)
+        return self.step_slice(weight, gradient, 0, apply_if)
 
-    def step_slice(self, weight_slice: Any, gradient_slice: Any, start: int) -> Any:
+    def step_slice(
+        self, weight_slice: Any, gradient_slice: Any, start: int, apply_if: Any = None
+    ) -> Any:
         """Step the slice ``[start, start + len(weight_slice))`` of the flat vector in place.
 
         One instance serves one slice: later calls must pass the same ``start`` and length.
@@ -207,7 +210,7 @@ class GroupedOptimMethod:
         offset = bounds[0]
         for piece_start, piece_stop, piece_method in self._pieces:
             local = slice(piece_start - offset, piece_stop - offset)
-            piece_method.step(weight_slice[local], gradient_slice[local])
+            piece_method.step(weight_slice[local], gradient_slice[local], apply_if)
         return weight_slice
 
     def _build_pieces(self, start: int, stop: int) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from bigdl_py import backend
+from bigdl_py.kernels import optimizers as fused
 from bigdl_py.optim.optim_method import OptimMethod, check_hyper_parameter
 from bigdl_py.optim.schedules import Schedule
 
@@ -66,6 +67,23 @@ class RMSprop(OptimMethod):
         if self.centered:
             names += ("grad_avg",)
         return names
+
+    _fused_kernel = fused.RMSPROP
+
+    def _fused_arguments(self, weight: Any, learning_rate: float) -> tuple:
+        state = self._state
+        return (
+            state["square_avg"],
+            state.get("grad_avg", weight),  # read only when centered
+            state.get("momentum_buffer", weight),  # read only with momentum
+            learning_rate,
+            self.alpha,
+            1.0 - self.alpha,
+            self.eps,
+            self.weight_decay,
+            self.momentum,
+            int(self.centered),
+        )
 
     def _update(self, weight: Any, gradient: Any, learning_rate: float) -> None:
         xp = backend.array_module(weight)

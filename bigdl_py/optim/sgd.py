@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from bigdl_py.kernels import optimizers as fused
 from bigdl_py.optim.optim_method import OptimMethod, check_hyper_parameter
 from bigdl_py.optim.schedules import Schedule
 
@@ -61,6 +62,19 @@ class SGD(OptimMethod):
 
     def _state_names(self) -> tuple[str, ...]:
         return ("momentum_buffer",) if self.momentum != 0 else ()
+
+    _fused_kernel = fused.SGD
+
+    def _fused_arguments(self, weight: Any, learning_rate: float) -> tuple:
+        buffer = self._state.get("momentum_buffer", weight)  # read only with momentum
+        return (
+            buffer,
+            learning_rate,
+            self.momentum,
+            1.0 - self.dampening,
+            self.weight_decay,
+            int(self.nesterov),
+        )
 
     def _update(self, weight: Any, gradient: Any, learning_rate: float) -> None:
         if self.weight_decay != 0:

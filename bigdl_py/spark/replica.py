@@ -11,6 +11,7 @@ host-local data files, so it is only slower, never wrong.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
 from dataclasses import dataclass, field
@@ -18,7 +19,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from bigdl_py import backend
+from bigdl_py import backend, device_waits
 from bigdl_py.autograd.ops import misc as op_randomness
 from bigdl_py.autograd.tensor import Tensor
 from bigdl_py.optim.flat_parameters import FlatParameters, flat_layout
@@ -189,6 +190,11 @@ def forward_backward(
     weighted by its real sample count — the share's summed loss, and the share size. With
     ``micro_batches`` > 1 the share runs in that many pieces whose gradients accumulate:
     the same gradient, with the activations of one piece in memory at a time.
+
+    On a device no piece waits for it: the package's losses take host labels (checked on
+    the host), other checks of device data are read after the last backward is queued, and
+    so is the summed loss, once (every piece back-propagates; a non-finite sum makes the
+    driver skip the update all the same).
     """
     replica.flat.load(weights)  # moved to the replica's device by FlatParameters
     replica.load_frozen(frozen_weights)
@@ -196,6 +202,11 @@ def forward_backward(
     replica.reseed(iteration)
     count = len(local_indices)
     loss_sum = 0.0
+    on_device = backend.is_device_array(replica.flat.weights)
+    device_loss_sum = None
+    host_labels = replica.training_step is None and getattr(
+        replica.criterion, "checks_host_targets", False
+    )
     pieces = np.array_split(np.asarray(local_indices), max(1, micro_batches))
     for piece_number, piece in enumerate(pieces):
         if len(piece) == 0:
@@ -204,26 +215,52 @@ def forward_backward(
             Tensor(backend.to_device(np.asarray(array[piece]), replica.device), _copy=False)
             for array in replica.features
         ]
-        labels = backend.to_device(np.asarray(replica.labels[piece]), replica.device)
-        try:
+        labels = np.asarray(replica.labels[piece])
+        if not host_labels:
+            labels = backend.to_device(labels, replica.device)
+        with _rejected_data(replica, iteration, labels), _no_waits_on(on_device):
             if replica.training_step is not None:
                 batch = replica.step_batch(inputs, labels, iteration, piece_number)
                 loss = replica.training_step(replica.model, batch)
             else:
                 loss = replica.criterion(replica.model(*inputs), labels)
-        except (ValueError, TypeError, IndexError) as error:
-            shapes = [tuple(array.shape[1:]) for array in replica.features]
-            raise ValueError(
-                f"partition {replica.partition}, iteration {iteration}: the model or criterion "
-                f"rejected the partition's data (sample shapes {shapes}, labels of dtype "
-                f"{labels.dtype}): {error}"
-            ) from error
+        if on_device:
+            with _no_waits_on(on_device):
+                piece_sum = loss.data * len(piece)
+                device_loss_sum = (
+                    piece_sum if device_loss_sum is None else device_loss_sum + piece_sum
+                )
+                (loss * (len(piece) / batch_size)).backward()
+            continue
         piece_loss = float(loss.item())
         loss_sum += piece_loss * len(piece)
         if not np.isfinite(piece_loss):
             break  # the update is skipped; no use back-propagating the rest
         (loss * (len(piece) / batch_size)).backward()
+    if device_loss_sum is not None:
+        with _rejected_data(replica, iteration, labels):
+            device_waits.raise_deferred_checks()
+        loss_sum = float(device_loss_sum)
     return replica.flat.gradients, loss_sum, count
+
+
+def _no_waits_on(on_device: bool):
+    """No device waits inside, on a device (``device_waits``); nothing on the host."""
+    return device_waits.no_device_waits() if on_device else contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _rejected_data(replica: Replica, iteration: int, labels: Any):
+    """Errors of the model or criterion about the data, with the partition named."""
+    try:
+        yield
+    except (ValueError, TypeError, IndexError) as error:
+        shapes = [tuple(array.shape[1:]) for array in replica.features]
+        raise ValueError(
+            f"partition {replica.partition}, iteration {iteration}: the model or criterion "
+            f"rejected the partition's data (sample shapes {shapes}, labels of dtype "
+            f"{labels.dtype}): {error}"
+        ) from error
 
 
 class Report(NamedTuple):

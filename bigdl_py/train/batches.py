@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from bigdl_py import backend
+from bigdl_py import backend, device_waits
 from bigdl_py.autograd.grad_mode import no_grad
 from bigdl_py.autograd.tensor import Tensor
 from bigdl_py.data import ArrayDataset, BatchRandom, MiniBatch
@@ -66,6 +66,15 @@ def labels_on(batch: MiniBatch, device: backend.Device) -> Tensor:
     return Tensor(backend.to_device(batch.labels, device), _copy=False)
 
 
+def criterion_target(criterion: Any, batch: MiniBatch, device: backend.Device) -> Tensor:
+    """The batch's labels as ``criterion`` takes them: host arrays for a criterion that
+    checks them on the host and copies them to its input's device itself (the package's
+    losses: ``checks_host_targets``), so no check reads the device; on ``device`` for any
+    other criterion."""
+    host = getattr(criterion, "checks_host_targets", False)
+    return labels_on(batch, backend.CPU if host else device)
+
+
 def evaluate_batches(
     model: Any,
     batches: Iterable[MiniBatch],
@@ -75,13 +84,15 @@ def evaluate_batches(
     """Partial validation results of ``methods`` over ``batches`` (mergeable with others).
 
     The model runs in evaluation mode without recording a graph; its mode is restored after.
+    On a device the batches are queued without waiting for it: the totals stay there and
+    the checks of device data are read once, at the end.
     """
     device = backend.device(device)
     results = [method.empty_result() for method in methods]
     was_training = model.training
     model.eval()
     try:
-        with no_grad():
+        with no_grad(), device_waits.no_device_waits():
             for batch in batches:
                 output = forward(model, batch, device)
                 target = labels_on(batch, device)
@@ -91,4 +102,5 @@ def evaluate_batches(
                 ]
     finally:
         model.train(was_training)
-    return results
+    device_waits.raise_deferred_checks()
+    return [result.on_host() for result in results]

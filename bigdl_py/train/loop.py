@@ -19,16 +19,19 @@ arrays) and gives it to the model when training ends.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
+from bigdl_py import device_waits
 from bigdl_py.nn.module import Module
 from bigdl_py.optim import ConstantClipping, L2NormClipping, OptimMethod
 from bigdl_py.train import checkpoint as checkpoints
@@ -37,7 +40,13 @@ from bigdl_py.train.callbacks import TrainingCallback
 from bigdl_py.train.early_stopping import EarlyStopping, find_early_stopping
 from bigdl_py.train.metrics import ValidationMethod, ValidationResult, check_methods
 from bigdl_py.train.progress import Progress
-from bigdl_py.train.runner import IterationResult, IterationRunner, IterationStep, TrainingSetup
+from bigdl_py.train.runner import (
+    DeviceLoss,
+    IterationResult,
+    IterationRunner,
+    IterationStep,
+    TrainingSetup,
+)
 from bigdl_py.train.summary import TrainSummary, ValidationSummary
 from bigdl_py.train.triggers import TrainingState, Trigger, check_trigger
 
@@ -46,6 +55,31 @@ logger = logging.getLogger("bigdl_py.train")
 
 class NonFiniteLossError(FloatingPointError):
     """The training loss became NaN or infinite; training stopped before updating on it."""
+
+
+class _IterationName(NamedTuple):
+    """Which iteration: ``str()`` gives ``iteration 12 (epoch 2, batch 3 of 10)``."""
+
+    iteration: int
+    epoch: int
+    batch: int
+    batches: int
+
+    def __str__(self) -> str:
+        return (
+            f"iteration {self.iteration} (epoch {self.epoch}, batch {self.batch} of {self.batches})"
+        )
+
+
+class _LossReport(NamedTuple):
+    """What reporting a device loss one step late needs of its iteration."""
+
+    loss: DeviceLoss
+    where: _IterationName
+    indices: Any  # the batch's sample indices
+    state: TrainingState  # a copy, as right after the iteration
+    throughput: float
+    learning_rate: float
 
 
 @dataclass
@@ -135,6 +169,8 @@ class BaseOptimizer:
         self.callbacks: list[TrainingCallback] = []
         # Host copy of the weights at the best validation, for EarlyStopping(restore_best).
         self._best_weights: dict[str, np.ndarray] | None = None
+        # A device loss not read yet: its iteration's report waits for the next one.
+        self._unreported: _LossReport | None = None
 
     def _check_batch_size(self, batch_size: Any) -> int:
         if batch_size is None:
@@ -299,6 +335,7 @@ class BaseOptimizer:
             self.training_set,
             self.batch_size,
             self.clippings,
+            self.skip_nonfinite_batches,
         )
         self._check_checkpoint_directory()
         self.runner.prepare(setup)
@@ -311,7 +348,10 @@ class BaseOptimizer:
                 callback.on_train_begin(self)
                 started.append(callback)
             try:
-                self._train()
+                with device_waits.no_device_waits():
+                    self._train()
+                    with self._sync_point("the end of training"):
+                        pass
             except NonFiniteLossError:
                 self.runner.sync_model()  # the model then holds the weights the error speaks of
                 raise
@@ -325,6 +365,8 @@ class BaseOptimizer:
         else:
             self._end_callbacks(started, None)
         finally:
+            self._unreported = None
+            device_waits.discard_deferred_checks()
             self.progress.close()
             for summary in (self.train_summary, self.validation_summary):
                 if summary is not None:
@@ -434,6 +476,7 @@ class BaseOptimizer:
                 for i in range(count)
             ]
             started = time.perf_counter()
+            device_waits.begin_step(self._next_iteration(len(plan)))
             results = self.runner.run_iterations(
                 steps, stop_after_nonfinite=not self.skip_nonfinite_batches
             )
@@ -484,24 +527,44 @@ class BaseOptimizer:
         self._samples_done = sum(len(batch) for batch in plan[: state.iteration_in_epoch])
         self.progress.start_epoch(state.epoch + 1, state.iteration_in_epoch, len(plan))
 
+    def _next_iteration(self, batches: int) -> _IterationName:
+        """The name of the next iteration (formatted only when someone prints it)."""
+        state = self.state
+        return _IterationName(
+            state.iteration + 1, state.epoch + 1, state.iteration_in_epoch + 1, batches
+        )
+
     def _after_iteration(
         self, result: IterationResult, seconds: float, learning_rate: float, plan: list
     ) -> None:
         state = self.state
-        finite = math.isfinite(result.loss)
-        if not finite:
-            self._nonfinite_loss(result.loss, len(plan), plan[self.state.iteration_in_epoch])
-        else:
-            state.loss = result.loss
+        where = self._next_iteration(len(plan))
+        indices = plan[state.iteration_in_epoch]
+        late = isinstance(result.loss, DeviceLoss)
+        if not late:
+            self._check_loss(result.loss, where, indices)
         epoch = state.epoch + 1  # 1-based, for people
         state.advance(len(plan))
         self._samples_done += result.samples
         throughput = result.samples / max(seconds, 1e-9)
-        if self.train_summary is not None and finite:
-            self._write_train_summary(result.loss, throughput, learning_rate)
-        if finite:
-            for callback in self.callbacks:
-                callback.on_iteration_end(state, result.loss, throughput, learning_rate)
+        if late:
+            # Read one step late: the previous iteration's loss now, this one's after the
+            # next iteration is queued (or at the next sync point); see runner.py.
+            report = _LossReport(
+                result.loss, where, indices, dataclasses.replace(state), throughput, learning_rate
+            )
+            previous, self._unreported = self._unreported, report
+            if previous is not None:
+                self._report_late(previous)
+            if not self._losses_read_late:
+                with self._sync_point("a trigger that reads the loss"):
+                    pass
+        elif math.isfinite(result.loss):
+            self._report_loss(result.loss, state, throughput, learning_rate)
+        if (late or math.isfinite(result.loss)) and self._parameters_trigger_fires():
+            with self._sync_point("parameter histograms"):
+                for name, array in self.runner.model_state_dict().items():
+                    self.train_summary.add_histogram(name, array, state.iteration)
         self.progress.iteration(
             epoch,
             state.iteration,
@@ -512,22 +575,75 @@ class BaseOptimizer:
             learning_rate,
         )
         if self._validation is not None and self._validation.trigger(state):
-            self._validate()
+            with self._sync_point("validation"):
+                self._validate()
         if state.epoch_finished:
-            self.runner.end_epoch(state.epoch, state.epoch_score)
+            with self._sync_point("the end of an epoch"):
+                self.runner.end_epoch(state.epoch, state.epoch_score)
             state.epoch_score = None
             self.progress.end_epoch(
                 state.epoch, time.perf_counter() - self._epoch_started, self._epoch_samples
             )
         if self._checkpoint is not None and self._checkpoint.trigger(state):
-            self._save_checkpoint()
+            with self._sync_point("a checkpoint"):
+                self._save_checkpoint()
 
-    def _nonfinite_loss(self, loss: float, batches: int, indices: Any = None) -> None:
+    def _check_loss(self, loss: float, where: _IterationName, indices: Any) -> None:
+        """A finite loss becomes ``state.loss``; a NaN/Inf one is skipped or stops training."""
+        if math.isfinite(loss):
+            self.state.loss = loss
+        else:
+            self._nonfinite_loss(loss, where, indices)
+
+    def _report_loss(
+        self, loss: float, state: TrainingState, throughput: float, learning_rate: float
+    ) -> None:
+        """The summary scalars and the callbacks of an iteration with a finite loss; ``state``
+        is the training state right after that iteration."""
+        if self.train_summary is not None:
+            self._write_train_summary(loss, throughput, learning_rate, state)
+        for callback in self.callbacks:
+            callback.on_iteration_end(state, loss, throughput, learning_rate)
+
+    def _report_late(self, report: _LossReport) -> None:
+        """Read a device loss (its step is done or nearly: it was queued a step ago) and
+        report it as :meth:`_after_iteration` reports a float loss."""
+        loss = report.loss.value()
+        self._check_loss(loss, report.where, report.indices)
+        if math.isfinite(loss):
+            report.state.loss = loss  # the copy was taken before the loss was known
+            self._report_loss(loss, report.state, report.throughput, report.learning_rate)
+
+    @contextlib.contextmanager
+    def _sync_point(self, reason: str) -> Iterator[None]:
+        """Where the host may wait for the device (in the block): first report the loss not
+        yet read and raise the first failed check the device kept (``device_waits``)."""
+        with device_waits.device_sync_point(reason):
+            report, self._unreported = self._unreported, None
+            if report is not None:
+                self._report_late(report)
+            device_waits.raise_deferred_checks()
+            yield
+
+    @property
+    def _losses_read_late(self) -> bool:
+        """Whether device losses may be read one step late: no end, validation or
+        checkpoint trigger reads the loss (``MinLoss`` does: then each is read at once)."""
+        triggers = [self.end_trigger]
+        for plan in (self._validation, self._checkpoint):
+            if plan is not None:
+                triggers.append(plan.trigger)
+        return all(trigger.predictable for trigger in triggers)
+
+    def _parameters_trigger_fires(self) -> bool:
+        summary = self.train_summary
+        if summary is None:
+            return False
+        trigger = summary.get_summary_trigger("Parameters")
+        return trigger is not None and trigger(self.state)
+
+    def _nonfinite_loss(self, loss: float, where: _IterationName, indices: Any = None) -> None:
         state = self.state
-        where = (
-            f"iteration {state.iteration + 1} (epoch {state.epoch + 1}, batch "
-            f"{state.iteration_in_epoch + 1} of {batches})"
-        )
         if self.skip_nonfinite_batches:
             state.skipped_batches += 1
             logger.warning("loss is %s at %s: batch skipped, weights unchanged", loss, where)
@@ -543,8 +659,10 @@ class BaseOptimizer:
             )
         )
 
-    def _write_train_summary(self, loss: float, throughput: float, learning_rate: float) -> None:
-        summary, state = self.train_summary, self.state
+    def _write_train_summary(
+        self, loss: float, throughput: float, learning_rate: float, state: TrainingState
+    ) -> None:
+        summary = self.train_summary
         candidates = {"Loss": loss, "Throughput": throughput, "LearningRate": learning_rate}
         values = {}
         for tag, value in candidates.items():
@@ -553,10 +671,6 @@ class BaseOptimizer:
                 values[tag] = value
         if values:
             summary.add_scalars(values, state.iteration)
-        parameters_trigger = summary.get_summary_trigger("Parameters")
-        if parameters_trigger is not None and parameters_trigger(state):
-            for name, array in self.runner.model_state_dict().items():
-                summary.add_histogram(name, array, state.iteration)
 
     def _validate(self) -> None:
         plan, state = self._validation, self.state

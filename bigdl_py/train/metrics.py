@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from bigdl_py import backend
+from bigdl_py import backend, device_waits
 from bigdl_py.autograd.tensor import Tensor
 
 
@@ -42,13 +42,20 @@ class ValidationResult:
 
     def __init__(self, name: str, total: float = 0.0, count: int = 0):
         self.name = str(name)
-        self.total = float(total)
+        # A device total (a 0-d array) stays there while batches add up; on_host() reads it.
+        self.total = total if backend.is_device_array(total) else float(total)
         self.count = int(count)
+
+    def on_host(self) -> ValidationResult:
+        """This result with its total read back from the device (itself when on the host)."""
+        if not backend.is_device_array(self.total):
+            return self
+        return ValidationResult(self.name, float(self.total), self.count)
 
     @property
     def value(self) -> float:
         """``total / count``; NaN when nothing was counted."""
-        return self.total / self.count if self.count else math.nan
+        return float(self.total) / self.count if self.count else math.nan
 
     def __add__(self, other: ValidationResult) -> ValidationResult:
         if not isinstance(other, ValidationResult):
@@ -74,10 +81,12 @@ class ValidationResult:
         return (self.name, self.total, self.count) == (other.name, other.total, other.count)
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "total": self.total, "count": self.count, "value": self.value}
+        total = float(self.total)
+        return {"name": self.name, "total": total, "count": self.count, "value": self.value}
 
     def __repr__(self) -> str:
-        total = f"{self.total:.0f}" if self.total.is_integer() else f"{self.total:.6g}"
+        total = float(self.total)
+        total = f"{total:.0f}" if total.is_integer() else f"{total:.6g}"
         return f"{self.name}: {self.value:.4f} ({total} / {self.count})"
 
 
@@ -117,6 +126,14 @@ class ValidationMethod:
         return f"{self.name}()"
 
 
+def _total(value: Any) -> Any:
+    """A batch's total: a float on the host; on a device a 0-d float64 array, read once
+    at the end of the evaluation (``ValidationResult.on_host``), not per batch."""
+    if backend.is_device_array(value):
+        return value.reshape(()).astype(np.float64)
+    return float(value)
+
+
 def _array(value: Any) -> Any:
     """The raw array of a Tensor (or of the first output of a multi-output model)."""
     if isinstance(value, (tuple, list)):
@@ -130,12 +147,15 @@ def _whole_numbers(values: Any, method: str) -> Any:
     if values.dtype.kind == "f":
         xp = backend.array_module(values)
         bad = ~xp.isfinite(values) | (values != xp.floor(xp.nan_to_num(values)))
-        if bool(xp.any(bad)):
+
+        def error() -> ValueError:
             position = int(xp.argmax(bad.reshape(-1)))
-            raise ValueError(
+            return ValueError(
                 f"{method}: target {values.reshape(-1)[position].item()!r} at index {position} "
                 f"is not a class index ({int(xp.sum(bad))} such target(s) in the batch)"
             )
+
+        device_waits.check(xp.any(bad), error)
     elif values.dtype.kind not in "iub":
         raise ValueError(f"{method}: targets must be class indices, got dtype {values.dtype}")
     return values.astype(np.int64, copy=False)
@@ -155,13 +175,16 @@ def _class_targets(target: Any, like: Any, method: str, num_classes: int | None 
     if num_classes is not None:
         xp = backend.array_module(labels)
         outside = (labels < 0) | (labels >= num_classes)
-        if bool(xp.any(outside)):
+
+        def error() -> ValueError:
             position = int(xp.argmax(outside))
-            raise ValueError(
+            return ValueError(
                 f"{method}: target {labels[position].item()} at index {position} is outside "
                 f"the {num_classes} classes [0, {num_classes}) of the output "
                 f"({int(xp.sum(outside))} such target(s) in the batch)"
             )
+
+        device_waits.check(xp.any(outside), error)
     return labels
 
 
@@ -216,7 +239,7 @@ class TopKAccuracy(ValidationMethod):
             raise ValueError(
                 f"{self.name}: expects outputs of shape (n, classes), got shape {scores.shape}"
             )
-        return ValidationResult(self.name, float(correct), int(labels.shape[0]))
+        return ValidationResult(self.name, _total(correct), int(labels.shape[0]))
 
     def __repr__(self) -> str:
         return f"TopKAccuracy({self.k})" if self.k not in (1, 5) else f"{self.name}()"
@@ -277,8 +300,7 @@ class Loss(ValidationMethod):
             target = _whole_numbers(values, self.name)
         if not isinstance(target, Tensor):
             target = Tensor(target, _copy=False)
-        value = self.criterion(output, target)
-        value = float(value.item() if isinstance(value, Tensor) else value)
+        value = _total(_array(self.criterion(output, target)))
         count = int(_array(output).shape[0])
         reduction = getattr(self.criterion, "reduction", "mean")
         total = value if reduction == "sum" else value * count
@@ -303,7 +325,7 @@ class MAE(ValidationMethod):
                 f"{tuple(expected.shape)} hold different numbers of elements"
             )
         difference = predicted.astype(np.float64) - expected.reshape(predicted.shape)
-        return ValidationResult(self.name, float(xp.sum(xp.abs(difference))), predicted.size)
+        return ValidationResult(self.name, _total(xp.sum(xp.abs(difference))), predicted.size)
 
 
 _TOP_K_NAME = re.compile(r"Top[1-9][0-9]*Accuracy")

@@ -21,7 +21,9 @@ The runner contract
     gradient: sum ``sum_of_squares`` over the slices, then ``clip_slice_``) and apply
     ``setup.optim_method``'s rule; if the loss is NaN or infinite, change neither the
     weights nor the optimizer state; (3) in both cases advance the learning-rate schedule
-    as ``optim_method.on_iteration_end(iteration + 1)`` does.
+    as ``optim_method.on_iteration_end(iteration + 1)`` does. A runner that trains on a
+    device returns the loss as a :class:`DeviceLoss` instead of a float, so the step never
+    waits for the device (see "Losses on a device" below).
 ``run_iterations(steps, stop_after_nonfinite) -> list[IterationResult]`` (optional)
     Several consecutive iterations at once (``steps``: :class:`IterationStep` tuples), for a
     runner whose fixed cost per call dominates (one Spark job). The loop calls it only with
@@ -48,6 +50,20 @@ The runner contract
 ``close()``
     Release resources; called when ``optimize()`` ends, normally or not.
 
+Losses on a device
+------------------
+Reading a loss computed on a GPU makes the host wait until the device has run the step, so
+it cannot queue the next one meanwhile. A device runner therefore decides on the device
+whether a step updates (``isfinite(loss)``, passed to ``OptimMethod.step`` as
+``apply_if``) and returns a :class:`DeviceLoss`, whose copy to the host is queued behind
+the step. The loop reads it ONE STEP LATE, after it has queued the next iteration (or at
+once where a sync point follows: validation, the end of an epoch, a checkpoint, the end of
+training, or a trigger that reads the loss). Then it handles a NaN/Inf loss as for a float:
+skipped (``setup.skip_nonfinite``: the device already left weights and optimizer state as
+they were) or stopping training; for that, a stopping runner keeps updating off on the
+device from the first non-finite loss on, so the weights are those before that batch
+although the next iteration ran.
+
 The base class implements everything but ``run_iteration`` and ``evaluate`` on
 ``setup.model`` and ``setup.optim_method`` in this process; a runner whose state lives
 elsewhere (model replicas and optimizer shards on executors) overrides those methods, or
@@ -63,6 +79,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from bigdl_py import backend
 from bigdl_py.optim import FlatParameters
 from bigdl_py.train import batches as batch_io
 from bigdl_py.train.metrics import ValidationMethod, ValidationResult
@@ -85,6 +102,9 @@ class TrainingSetup:
     clippings : tuple
         Gradient clippings to apply in order: a ``ConstantClipping`` and/or an
         ``L2NormClipping`` (empty: none).
+    skip_nonfinite : bool
+        Whether the loop skips NaN/Inf-loss batches (True) or stops at the first (False);
+        a device runner needs it to gate its updates (see "Losses on a device").
     """
 
     model: Any
@@ -93,13 +113,34 @@ class TrainingSetup:
     training_set: Any
     batch_size: int
     clippings: tuple = ()
+    skip_nonfinite: bool = False
+
+
+class DeviceLoss:
+    """A loss still on the device; its copy to the host is queued behind its step.
+
+    ``value()`` gives the float: the loop calls it one step later (see the module's
+    "Losses on a device"), when waiting for the copy no longer stalls the device.
+    """
+
+    __slots__ = ("_copy",)
+
+    def __init__(self, array: Any):
+        self._copy = backend.HostCopy(array)
+
+    def value(self) -> float:
+        return float(self._copy.wait())
+
+    def __repr__(self) -> str:
+        return "DeviceLoss(pending)"
 
 
 class IterationResult(NamedTuple):
-    """The outcome of one iteration: its mean loss, its sample count, whether it updated,
-    and (from ``run_iterations``) the learning rate it used."""
+    """The outcome of one iteration: its mean loss (a float, or a :class:`DeviceLoss`), its
+    sample count, whether it updated (known later for a DeviceLoss), and (from
+    ``run_iterations``) the learning rate it used."""
 
-    loss: float
+    loss: float | DeviceLoss
     samples: int
     applied: bool = True
     learning_rate: float | None = None
@@ -132,8 +173,12 @@ class IterationRunner:
             learning_rate = self.learning_rate()
             result = self.run_iteration(*step)._replace(learning_rate=learning_rate)
             results.append(result)
-            if stop_after_nonfinite and not np.isfinite(result.loss):
-                break
+            if (
+                stop_after_nonfinite
+                and not isinstance(result.loss, DeviceLoss)
+                and not np.isfinite(result.loss)
+            ):
+                break  # (a DeviceLoss's updates stop on the device)
         return results
 
     def run_iteration(
@@ -187,7 +232,9 @@ class LocalRunner(IterationRunner):
 
     The parameters are flattened once (:class:`FlatParameters`), so an iteration makes no
     copy of the weights: backward accumulates into the flat gradient vector, and the optim
-    method updates the flat weight vector the layers view.
+    method updates the flat weight vector the layers view. On a device an iteration reads
+    nothing back (see "Losses on a device"); the labels go to the criterion as host arrays
+    when it checks them there (``batch_io.criterion_target``).
     """
 
     def prepare(self, setup: TrainingSetup) -> None:
@@ -195,6 +242,9 @@ class LocalRunner(IterationRunner):
         setup.model.train()
         self.flat = FlatParameters(setup.model)
         self.device = self.flat.device
+        self.on_device = backend.is_device_array(self.flat.weights)
+        # On the device, in stop mode: no non-finite loss so far (updates stay off after one).
+        self._healthy = None
 
     def run_iteration(
         self, epoch: int, iteration: int, batch_index: int, indices: np.ndarray
@@ -203,7 +253,11 @@ class LocalRunner(IterationRunner):
         batch = batch_io.training_batch(setup.training_set, epoch, batch_index, indices)
         self.flat.zero_grad()
         output = batch_io.forward(setup.model, batch, self.device)
-        loss = setup.criterion(output, batch_io.labels_on(batch, self.device))
+        loss = setup.criterion(
+            output, batch_io.criterion_target(setup.criterion, batch, self.device)
+        )
+        if self.on_device:
+            return self._device_iteration(loss, iteration, batch.size)
         loss_value = float(loss.item())
         applied = bool(np.isfinite(loss_value))
         if applied:
@@ -213,6 +267,21 @@ class LocalRunner(IterationRunner):
             setup.optim_method.step(self.flat.weights, self.flat.gradients)
         setup.optim_method.on_iteration_end(iteration + 1)
         return IterationResult(loss_value, batch.size, applied)
+
+    def _device_iteration(self, loss: Any, iteration: int, samples: int) -> IterationResult:
+        """Backward and update with the finite-loss decision kept on the device."""
+        setup = self.setup
+        xp = backend.array_module(loss.data)
+        apply = xp.isfinite(loss.data)
+        if not setup.skip_nonfinite:  # stopping: nothing updates after the first NaN/Inf
+            self._healthy = apply if self._healthy is None else self._healthy & apply
+            apply = self._healthy
+        loss.backward()
+        for clipping in setup.clippings:
+            clipping.clip_(self.flat.gradients)
+        setup.optim_method.step(self.flat.weights, self.flat.gradients, apply_if=apply)
+        setup.optim_method.on_iteration_end(iteration + 1)
+        return IterationResult(DeviceLoss(loss.data), samples, applied=None)
 
     def evaluate(
         self, dataset: Any, methods: Sequence[ValidationMethod], batch_size: int

@@ -8,6 +8,7 @@ per-sample weights in float64 to 1e-5 relative.
 
 from __future__ import annotations
 
+import contextlib
 import tracemalloc
 
 import numpy as np
@@ -282,3 +283,45 @@ def test_save_load_round_trip(tmp_path):
 def test_bad_settings_and_inputs_are_refused_naming_the_problem(call, error, message):
     with pytest.raises(error, match=message):
         call()
+
+
+@pytest.mark.parametrize("kwargs, indices, offsets, weighted", CASE_PARAMS)
+def test_embedding_bag_on_a_device_reads_nothing_back_and_matches_cpu(
+    kwargs, indices, offsets, weighted
+):
+    """On the strict device (a GPU stand-in that refuses reads inside a step), with the ids
+    and offsets already on the device as a training step has them."""
+    from bigdl_py import device_waits
+
+    results = []
+    for device in ("cpu", "strict"):
+        layer = build(kwargs).to(device)
+        per_sample = None
+        if weighted:
+            per_sample = Tensor(
+                sample_weights(indices), requires_grad=True, dtype=F64, device=device
+            )
+        ids = Tensor(indices, device=device)
+        starts = None if offsets is None else Tensor(offsets, device=device)
+        with device_waits.no_device_waits() if device == "strict" else contextlib.nullcontext():
+            output = layer(ids, starts, per_sample)
+            upstream = np.random.default_rng(1).standard_normal(output.shape)
+            output.backward(Tensor(upstream, device=device))
+        results.append([output.numpy(), layer.weight.grad.numpy()])
+        if weighted:
+            results[-1].append(per_sample.grad.numpy())
+    for on_cpu, on_device in zip(*results, strict=True):
+        np.testing.assert_allclose(on_device, on_cpu, rtol=1e-12, atol=1e-14)
+
+
+def test_bad_ids_and_offsets_on_a_device_are_reported_at_the_sync_point():
+    from bigdl_py import device_waits
+
+    layer = build({}).to("strict")
+    with device_waits.no_device_waits():
+        layer(Tensor(np.array([[1, 9]]), device="strict"))
+        with pytest.raises(IndexError, match="got min 1 and max 9"):
+            device_waits.raise_deferred_checks()
+        layer(Tensor(FLAT, device="strict"), Tensor(np.array([0, 5, 3]), device="strict"))
+        with pytest.raises(ValueError, match="never decrease"):
+            device_waits.raise_deferred_checks()

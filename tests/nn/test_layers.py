@@ -303,3 +303,18 @@ def test_integer_input_is_a_type_error_naming_the_layer_and_the_dtype(layer, sha
         layer(np.ones(shape, dtype=dtype))
     with pytest.raises(TypeError, match=np.dtype(dtype).name):
         layer(Tensor(np.ones(shape, dtype=dtype)))
+
+
+def test_cumulative_batch_norm_on_a_device_reads_no_count_back():
+    from bigdl_py import device_waits
+
+    host, device = nn.BatchNorm1d(3, momentum=None), nn.BatchNorm1d(3, momentum=None)
+    device.to("strict")
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        batch = rng.standard_normal((8, 3)).astype(np.float32)
+        host(Tensor(batch))
+        with device_waits.no_device_waits():
+            device(Tensor(batch, device="strict"))
+    for name, value in host.state_dict().items():
+        np.testing.assert_allclose(device.state_dict()[name], value, rtol=1e-5, err_msg=name)

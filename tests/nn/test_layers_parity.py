@@ -317,6 +317,36 @@ def test_layer_on_cuda_matches_cpu(make_ours, make_theirs, specs):
         )
 
 
+@pytest.mark.parametrize("make_ours, make_theirs, specs", CASE_PARAMS)
+def test_layer_on_a_device_reads_nothing_back_and_matches_cpu(make_ours, make_theirs, specs):
+    """On the strict device (a GPU stand-in that refuses reads inside a step): the GPU
+    route of every layer, its fused kernels' references included, queues forward and
+    backward without waiting, and computes what the host computes."""
+    from bigdl_py import device_waits
+
+    with nn.init.seeded(0):
+        cpu_layer = make_ours()
+    with nn.init.seeded(0):
+        device_layer = make_ours().to("strict")
+    cpu_inputs = as_inputs(make_arrays(specs))
+    device_inputs = [
+        Tensor(x.data, requires_grad=x.requires_grad, device="strict") for x in cpu_inputs
+    ]
+    cpu_output = cpu_layer(*cpu_inputs)
+    upstream = np.random.default_rng(1).standard_normal(cpu_output.shape)
+    cpu_output.backward(upstream)
+    with device_waits.no_device_waits():
+        device_output = device_layer(*device_inputs)
+        device_output.backward(Tensor(upstream, device="strict"))
+    np.testing.assert_allclose(device_output.numpy(), cpu_output.numpy(), rtol=1e-9, atol=1e-12)
+    cpu_tensors = [x for x in cpu_inputs if x.requires_grad] + list(cpu_layer.parameters())
+    device_tensors = [x for x in device_inputs if x.requires_grad] + list(device_layer.parameters())
+    for cpu_tensor, device_tensor in zip(cpu_tensors, device_tensors, strict=True):
+        np.testing.assert_allclose(
+            device_tensor.grad.numpy(), cpu_tensor.grad.numpy(), rtol=1e-9, atol=1e-12
+        )
+
+
 # --- Dropout in training mode ----------------------------------------------------------------
 # The table above covers Dropout in evaluation and with p=0. In training its mask is random,
 # so it cannot share the table: finite differences need the same mask on every call, and

@@ -360,3 +360,19 @@ def test_bad_settings_are_refused(build, message):
 def test_integer_predictions_are_refused():
     with pytest.raises(TypeError, match="MSELoss: input must be floating point"):
         nn.MSELoss()(Tensor(np.array([1, 2])), np.array([1.0, 2.0]))
+
+
+@pytest.mark.parametrize("loss", [nn.NLLLoss(), nn.CrossEntropyLoss()], ids=repr)
+def test_device_labels_given_as_a_bare_array_are_checked_there(loss):
+    """A Spark replica hands labels as a device array: no implicit conversion to NumPy
+    (CuPy refuses it), and inside a step a bad label is reported at the sync point."""
+    from bigdl_py import backend, device_waits
+
+    scores = Tensor(np.log(np.full((4, 3), 1 / 3, dtype=np.float32)), device="strict")
+    labels = backend.to_device(np.array([0, 2, 1, 1]), "strict")
+    np.testing.assert_allclose(float(loss(scores, labels).item()), np.log(3), rtol=1e-6)
+    bad = backend.to_device(np.array([0, 2, 3, 1]), "strict")
+    with device_waits.no_device_waits():
+        loss(scores, bad)  # queued; nothing read
+        with pytest.raises(IndexError, match=r"target\[2\] = 3"):
+            device_waits.raise_deferred_checks()

@@ -95,3 +95,27 @@ def test_clipping_on_gpu_equals_cpu(rng):
         L2NormClipping(1.0).clip_(gradient)
     )
     np.testing.assert_allclose(backend.as_numpy(on_device), gradient, rtol=1e-12)
+
+
+@pytest.mark.parametrize("max_norm", [0.5, 1e6])
+def test_l2_clipping_on_a_device_keeps_the_norm_there_and_clips_as_on_the_host(max_norm, rng):
+    from bigdl_py import backend, device_waits
+
+    host = rng.standard_normal(500).astype(np.float32)
+    device = backend.to_device(host, "strict")
+    clipping = L2NormClipping(max_norm)
+    with device_waits.no_device_waits():  # as in a training step: nothing is read back
+        norm = clipping.clip_(device)
+    expected_norm = clipping.clip_(host)
+    np.testing.assert_allclose(backend.as_numpy(device), host, rtol=1e-6)
+    assert float(norm) == pytest.approx(expected_norm, rel=1e-6)
+
+
+def test_a_nonfinite_norm_on_a_device_is_reported_at_the_next_sync_point():
+    from bigdl_py import backend, device_waits
+
+    device = backend.to_device(np.array([1.0, np.inf], dtype=np.float32), "strict")
+    with device_waits.no_device_waits():
+        L2NormClipping(1.0, error_if_nonfinite=True).clip_(device)
+        with pytest.raises(FloatingPointError, match="gradient norm is inf"):
+            device_waits.raise_deferred_checks()

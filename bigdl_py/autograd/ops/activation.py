@@ -1,4 +1,8 @@
-"""Activations and the (log-)softmax, with numerically stable forms."""
+"""Activations and the (log-)softmax, with numerically stable forms.
+
+On a GPU each runs as one fused kernel a direction (``bigdl_py.kernels.activations`` and
+``kernels.softmax``); on the host as the array operations below.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +10,11 @@ import math
 
 import numpy as np
 
-from bigdl_py import backend
+from bigdl_py import backend, kernels
 from bigdl_py.autograd.function import Function
 from bigdl_py.autograd.ops.conv_tiles import for_each_part
+from bigdl_py.kernels import activations as fused_activations
+from bigdl_py.kernels import softmax as fused_softmax
 
 
 def _leading(array, start, stop):
@@ -21,7 +27,10 @@ class Tanh(Function):
     # (``conv_tiles.for_each_part``); the backward's three passes write one array.
     def forward(self, a):
         xp = backend.array_module(a)
-        if backend.is_floating(a.dtype):
+        self.fused = _fused(a)
+        if self.fused:
+            out = fused_activations.forward(fused_activations.TANH, a)
+        elif backend.is_floating(a.dtype):
             out = xp.empty(a.shape, dtype=a.dtype)
             for_each_part(
                 a,
@@ -36,6 +45,8 @@ class Tanh(Function):
 
     def backward(self, grad):
         (out,) = self.saved
+        if self.fused:
+            return fused_activations.backward(fused_activations.TANH, grad, out)
         xp = backend.array_module(grad)
         grad_input = xp.empty(grad.shape, dtype=xp.result_type(grad, out))
 
@@ -54,6 +65,11 @@ class Sigmoid(Function):
     def forward(self, a):
         backend.check_floating(a.dtype, "sigmoid")  # an int result would hold only 0 and 1
         xp = backend.array_module(a)
+        self.fused = _fused(a)
+        if self.fused:
+            out = fused_activations.forward(fused_activations.SIGMOID, a)
+            self.save_for_backward(out)
+            return out
         # exp of a negative number only: no overflow for large |a|.
         positive = a >= 0
         exp_neg_abs = xp.exp(-xp.abs(a))
@@ -64,6 +80,8 @@ class Sigmoid(Function):
 
     def backward(self, grad):
         (out,) = self.saved
+        if self.fused:
+            return fused_activations.backward(fused_activations.SIGMOID, grad, out)
         return grad * out * (1 - out)
 
 
@@ -97,6 +115,11 @@ class ReLU(Function):
     # Large arrays are split over the batch like Tanh's.
     def forward(self, a):
         xp = backend.array_module(a)
+        self.fused = _fused(a)
+        if self.fused:
+            output = fused_activations.forward(fused_activations.RELU, a)
+            self.save_for_backward(output)
+            return output
         output = xp.empty(a.shape, dtype=a.dtype)
         if xp is np and a.dtype in _ZERO_PIECES and a.flags.c_contiguous:
             flat_input, flat_output = a.reshape(-1), output.reshape(-1)
@@ -118,6 +141,8 @@ class ReLU(Function):
 
     def backward(self, grad):
         (output,) = self.saved
+        if self.fused:  # one kernel: no mask array
+            return fused_activations.backward(fused_activations.RELU, grad, output)
         xp = backend.array_module(grad)
         grad_input = xp.empty(grad.shape, dtype=grad.dtype)
 
@@ -135,11 +160,19 @@ class LeakyReLU(Function):
     def forward(self, a, negative_slope=0.01):
         backend.check_floating(a.dtype, "leaky_relu")  # int(0.01) would zero the negatives
         xp = backend.array_module(a)
+        self.fused, self.negative_slope = _fused(a), negative_slope
+        if self.fused:  # keeps the input (alive anyway) instead of a scale array
+            self.save_for_backward(a)
+            return fused_activations.forward(fused_activations.LEAKY_RELU, a, negative_slope)
         scale = xp.where(a > 0, a.dtype.type(1), a.dtype.type(negative_slope))
         self.save_for_backward(scale)
         return a * scale
 
     def backward(self, grad):
+        if self.fused:
+            (a,) = self.saved
+            kind = fused_activations.LEAKY_RELU
+            return fused_activations.backward(kind, grad, a, self.negative_slope)
         (scale,) = self.saved
         return grad * scale
 
@@ -157,6 +190,13 @@ class GELU(Function):
         if approximate not in ("none", "tanh"):
             raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
         self.approximate = approximate
+        self.fused = _fused(a)
+        if self.fused:  # keeps only the input: the backward recomputes Phi (or the tanh)
+            self.kind = (
+                fused_activations.GELU_TANH if approximate == "tanh" else fused_activations.GELU
+            )
+            self.save_for_backward(a)
+            return fused_activations.forward(self.kind, a)
         if approximate == "tanh":
             inner = math.sqrt(2 / math.pi) * (a + 0.044715 * a**3)
             t = xp.tanh(inner).astype(a.dtype, copy=False)
@@ -167,6 +207,9 @@ class GELU(Function):
         return a * cdf
 
     def backward(self, grad):
+        if self.fused:
+            (a,) = self.saved
+            return fused_activations.backward(self.kind, grad, a)
         a, kept = self.saved
         xp = backend.array_module(a)
         if self.approximate == "tanh":
@@ -212,13 +255,29 @@ def _normal_cdf(xp, x):
     return xp.where(x >= 0, 1 - half_erfc, half_erfc)
 
 
+def _fused(a) -> bool:
+    """Whether an activation of ``a`` takes its fused kernels (a device, contiguous)."""
+    return kernels.route(a) is not None and fused_activations.applies(a)
+
+
+def _fused_softmax(a, axis) -> bool:
+    """Whether a (log-)softmax takes the fused row kernels (a device, the last axis)."""
+    return kernels.route(a) is not None and fused_softmax.applies(a, axis)
+
+
 class Softmax(Function):
     def forward(self, a, axis=-1):
         xp = backend.array_module(a)
         self.axis = axis
         if a.shape[axis] == 0:  # nothing to normalise (attention over no keys): empty, as PyTorch
+            self.fused = False
             self.save_for_backward(a)
             return a.copy()
+        self.fused = _fused_softmax(a, axis)
+        if self.fused:
+            out = fused_softmax.row_softmax(a, log=False)
+            self.save_for_backward(out)
+            return out
         shifted = a - a.max(axis=axis, keepdims=True)
         exps = xp.exp(shifted)
         out = exps / exps.sum(axis=axis, keepdims=True)
@@ -227,6 +286,8 @@ class Softmax(Function):
 
     def backward(self, grad):
         (out,) = self.saved
+        if self.fused:
+            return fused_softmax.row_softmax_backward(grad, out, log=False)
         return out * (grad - (grad * out).sum(axis=self.axis, keepdims=True))
 
 
@@ -235,8 +296,14 @@ class LogSoftmax(Function):
         xp = backend.array_module(a)
         self.axis = axis
         if a.shape[axis] == 0:  # an empty axis: an empty result, as PyTorch
+            self.fused = False
             self.save_for_backward(a)
             return a.copy()
+        self.fused = _fused_softmax(a, axis)
+        if self.fused:
+            out = fused_softmax.row_softmax(a, log=True)
+            self.save_for_backward(out)
+            return out
         shifted = a - a.max(axis=axis, keepdims=True)
         out = shifted - xp.log(xp.exp(shifted).sum(axis=axis, keepdims=True))
         self.save_for_backward(out)
@@ -244,5 +311,7 @@ class LogSoftmax(Function):
 
     def backward(self, grad):
         (out,) = self.saved
+        if self.fused:
+            return fused_softmax.row_softmax_backward(grad, out, log=True)
         xp = backend.array_module(out)
         return grad - xp.exp(out) * grad.sum(axis=self.axis, keepdims=True)

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import math
 
-from bigdl_py import backend
+from bigdl_py import backend, kernels
 from bigdl_py.autograd.function import Function
 from bigdl_py.autograd.ops import conv_tiles
 from bigdl_py.autograd.ops.misc import _keep_mask
+from bigdl_py.kernels import products
+from bigdl_py.kernels import softmax as fused_softmax
 
 __all__ = ["scaled_dot_product_attention"]
 
@@ -41,19 +43,25 @@ class ScaledDotProductAttention(Function):
         # The whole mask is drawn before the tiles run: the same for any thread count.
         keep = _keep_mask(weights.shape, dropout_p, weights, rng) if dropout_p > 0 else None
 
+        fused = kernels.route(query, key, value) is not None
+
         def run(part):
             tile = weights[part]
-            xp.matmul(query[part] * self.scale, xp.swapaxes(key[part], -1, -2), out=tile)
+            _product(query[part] * self.scale, xp.swapaxes(key[part], -1, -2), tile, fused)
             if mask is not None:
                 tile += mask[part]
-            if tile.shape[-1]:  # no keys: empty weights, a zero output (PyTorch's)
+            if not tile.shape[-1]:  # no keys: empty weights, a zero output (PyTorch's)
+                pass
+            elif fused:  # one kernel, in place
+                fused_softmax.row_softmax(tile, log=False, out=tile)
+            else:
                 tile -= tile.max(axis=-1, keepdims=True)
                 xp.exp(tile, out=tile)
                 tile *= 1 / tile.sum(axis=-1, keepdims=True)
             if keep is not None:
                 tile = tile * keep[part]
                 tile *= self.dropout_scale
-            xp.matmul(tile, value[part], out=output[part])
+            _product(tile, value[part], output[part], fused)
 
         _for_each_tile(weights, run)
         self.save_for_backward(query, key, value, weights, keep)
@@ -69,28 +77,41 @@ class ScaledDotProductAttention(Function):
         grad_key = xp.empty(key.shape, dtype=grad.dtype) if needs_key else None
         grad_value = xp.empty(value.shape, dtype=grad.dtype) if needs_value else None
 
+        fused = kernels.route(query, key, value) is not None
+
         def run(part):
             tile, tile_grad = weights[part], grad[part]
             if needs_value:
                 dropped = tile if keep is None else tile * keep[part] * self.dropout_scale
-                xp.matmul(xp.swapaxes(dropped, -1, -2), tile_grad, out=grad_value[part])
+                _product(xp.swapaxes(dropped, -1, -2), tile_grad, grad_value[part], fused)
             # d(loss)/d(dropped weights)
-            grad_scores = tile_grad @ xp.swapaxes(value[part], -1, -2)
+            grad_scores = _product(tile_grad, xp.swapaxes(value[part], -1, -2), None, fused)
             if keep is not None:
                 grad_scores *= keep[part]
                 grad_scores *= self.dropout_scale
-            # Softmax's backward, in place: w * (g - sum(g * w)).
-            grad_scores -= (grad_scores * tile).sum(axis=-1, keepdims=True)
-            grad_scores *= tile
+            if fused:  # softmax's backward, one kernel
+                grad_scores = fused_softmax.row_softmax_backward(grad_scores, tile, log=False)
+            else:  # softmax's backward, in place: w * (g - sum(g * w)).
+                grad_scores -= (grad_scores * tile).sum(axis=-1, keepdims=True)
+                grad_scores *= tile
             if needs_query:
-                xp.matmul(grad_scores, key[part], out=grad_query[part])
+                _product(grad_scores, key[part], grad_query[part], fused)
                 grad_query[part] *= self.scale
             if needs_key:
-                xp.matmul(xp.swapaxes(grad_scores, -1, -2), query[part], out=grad_key[part])
+                _product(xp.swapaxes(grad_scores, -1, -2), query[part], grad_key[part], fused)
                 grad_key[part] *= self.scale
 
         _for_each_tile(weights, run)
         return grad_query, grad_key, grad_value
+
+
+def _product(a, b, out, fused: bool):
+    """``a @ b`` (into ``out`` when given); on a device one strided-batched GEMM that reads
+    the transposed and broadcast operands as they are (``kernels.products``)."""
+    if fused:
+        return products.matmul(a, b, out=out)
+    xp = backend.array_module(a)
+    return xp.matmul(a, b) if out is None else xp.matmul(a, b, out=out)
 
 
 def _for_each_tile(weights, work) -> None:
@@ -106,7 +127,7 @@ def _for_each_tile(weights, work) -> None:
     if weights.ndim == 2:
         work(Ellipsis)
         return
-    on_gpu = backend.is_cupy_array(weights)
+    on_gpu = backend.is_device_array(weights)
     batch = weights.shape[0]
     workers = 1 if on_gpu else conv_tiles.worker_count()
     size = conv_tiles.tile_size(batch, weights[0].nbytes, workers, on_gpu)

@@ -2,8 +2,10 @@
 pooling shares.
 
 float32 NumPy convolutions go to oneDNN's kernels first, where its library is installed
-(``conv_onednn.py``: 1.4-1.7x faster on the CIFAR CNN's layers); everything below is the
-route for the rest (float64, CuPy, no library) and the reference the tests hold it to.
+(``conv_onednn.py``: 1.4-1.7x faster on the CIFAR CNN's layers), and Conv2d on a GPU to
+``conv_device.py`` (one im2col kernel, 2-d GEMMs, reused scratch); everything below is the
+route for the rest (float64 on the host, no library, ConvTranspose2d and pooling on a
+device) and the reference the tests hold them to.
 
 A tile is a few samples (``conv_tiles.py`` says why and how they are shared out among
 threads). For each tile the columns are ``(C*KH*KW, T*L)``, the tile's samples side by side
@@ -30,9 +32,9 @@ layers) take Winograd's F(2x2, 3x3) instead, forward and weight gradient alike
 
 from __future__ import annotations
 
-from bigdl_py import backend
+from bigdl_py import backend, kernels
 from bigdl_py.autograd.function import Function
-from bigdl_py.autograd.ops import conv_onednn, conv_winograd, gemm_pieces, onednn
+from bigdl_py.autograd.ops import conv_device, conv_onednn, conv_winograd, gemm_pieces, onednn
 from bigdl_py.autograd.ops.conv_tiles import (
     MIN_THREADED_MULTIPLY_ADDS,
     for_each_tile,
@@ -299,7 +301,7 @@ def _tiles(batch, rows, columns_per_sample, array, products, samples_last=False)
     Samples-last tiles skip ``MIN_COLUMNS``: their copies slow down with the tile (ResNet-18's
     4x4 layer, 64 samples: 3.5 ms against 4 x 0.4 for tiles of 16), and the GEMMs of 256
     columns ran as fast as those of 1024 (95-97 against 96-103 GFLOP/s)."""
-    on_gpu = backend.is_cupy_array(array)
+    on_gpu = backend.is_device_array(array)
     threaded = batch * columns_per_sample * rows * products >= MIN_THREADED_MULTIPLY_ADDS
     workers = worker_count() if threaded else 1
     bytes_per_sample = rows * columns_per_sample * array.itemsize
@@ -317,7 +319,7 @@ def convolve(x, weight, stride, before, padded_hw, dilation, groups: int, bias=N
     """Cross-correlate ``x (N, C, H, W)``, zero-padded into a ``padded_hw`` frame ``before``
     rows/columns in, with ``weight (O, C/g, KH, KW)``; add ``bias``. Returns NCHW."""
     xp = backend.array_module(x)
-    on_gpu = backend.is_cupy_array(x)
+    on_gpu = backend.is_device_array(x)
     if conv_winograd.applies(weight.shape, stride, dilation, groups, on_gpu, x.dtype):
         return conv_winograd.convolve(x, weight, before, padded_hw, bias)
     batch = x.shape[0]
@@ -375,7 +377,7 @@ def convolution_weight_gradient(
     """Gradient of ``convolve``'s weight (and bias when ``with_bias``) given the output's
     gradient ``grad (N, O, OH, OW)``: ``(weight_grad, bias_grad or None)``."""
     xp = backend.array_module(x)
-    on_gpu = backend.is_cupy_array(x)
+    on_gpu = backend.is_device_array(x)
     if conv_winograd.applies(weight_shape, stride, dilation, groups, on_gpu, x.dtype):
         return conv_winograd.weight_gradient(x, grad, weight_shape, before, padded_hw, with_bias)
     batch = x.shape[0]
@@ -596,6 +598,10 @@ class Conv2d(Function):
         self.geometry = (stride, padding, dilation, groups)
         self.has_bias = bias is not None
         self.save_for_backward(x, weight)
+        self.on_device = kernels.route(x, weight, bias) is not None
+        if self.on_device:  # one im2col kernel, 2-d GEMMs, reused scratch (conv_device.py)
+            out_hw = output_shape(x.shape, weight.shape, stride, padding, dilation)[2:]
+            return conv_device.convolve(x, weight, bias, stride, padding, dilation, groups, out_hw)
         if onednn.applies_to(x, weight, bias):
             out_shape = output_shape(x.shape, weight.shape, stride, padding, dilation)
             out = conv_onednn.forward(x, weight, bias, stride, padding, dilation, groups, out_shape)
@@ -606,6 +612,13 @@ class Conv2d(Function):
     def backward(self, grad):
         x, weight = self.saved
         stride, padding, dilation, groups = self.geometry
+        if self.on_device:
+            needs = (
+                self.needs_input_grad[0],
+                self.needs_input_grad[1],
+                self.has_bias and self.needs_input_grad[2],
+            )
+            return conv_device.gradients(x, weight, grad, stride, padding, dilation, groups, needs)
         if onednn.applies_to(x, weight, grad):
             needs = (
                 self.needs_input_grad[0],

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from bigdl_py import backend
+from bigdl_py import backend, device_waits
 from bigdl_py.autograd.function import Function
-from bigdl_py.autograd.ops.misc import row_sums
+from bigdl_py.autograd.ops.misc import check_indices, row_sums
 
 MODES = ("sum", "mean", "max")
 
@@ -40,6 +40,11 @@ class EmbeddingBag(Function):
         indices = backend.to_device(indices, device)
         bag_of = backend.to_device(bag_of, device)
         self.keep = None  # which entries are not padding, when some may be
+        self.on_device = backend.is_device_array(weight)
+        if self.on_device:
+            return self._device_forward(
+                xp, weight, per_sample_weights, indices, bag_of, bag_count, mode, padding_idx
+            )
         if padding_idx is not None:
             self.keep = indices != padding_idx
             indices, bag_of = indices[self.keep], bag_of[self.keep]
@@ -59,6 +64,58 @@ class EmbeddingBag(Function):
             scale = (1.0 / xp.maximum(counts, 1)).astype(weight.dtype)
             output *= scale[:, None]
         self.save_for_backward(indices, bag_of, scale, per_sample_weights, weight)
+        return output
+
+    def _device_forward(
+        self, xp, weight, per_sample_weights, indices, bag_of, bag_count, mode, padding_idx
+    ):
+        """The forward without reading the device: padding entries are masked out (not
+        selected, which sizes a result on the host), counts and maxima are scatters."""
+        self.mode, self.weight_shape, self.bag_count = mode, weight.shape, bag_count
+        if padding_idx is not None:
+            self.keep = indices != padding_idx
+        rows = xp.take(weight, indices, axis=0)
+        if mode == "max":
+            return self._device_max_forward(xp, rows, indices, bag_of)
+        if per_sample_weights is not None:
+            rows *= per_sample_weights[:, None]
+        if self.keep is not None:
+            rows *= self.keep[:, None].astype(rows.dtype)
+        output = xp.zeros((bag_count, rows.shape[1]), dtype=rows.dtype)
+        backend.scatter_add(output, bag_of, rows)
+        scale = None
+        if mode == "mean":
+            counts = xp.zeros(bag_count, dtype=weight.dtype)
+            entries = xp.ones(indices.shape, weight.dtype) if self.keep is None else self.keep
+            backend.scatter_add(counts, bag_of, entries.astype(weight.dtype))
+            # An empty bag stays zero instead of 0 / 0.
+            scale = (1.0 / xp.maximum(counts, 1)).astype(weight.dtype)
+            output *= scale[:, None]
+        self.save_for_backward(indices, bag_of, scale, per_sample_weights, weight)
+        return output
+
+    def _device_max_forward(self, xp, rows, indices, bag_of):
+        """Per bag and feature the largest row value, the first of equal maxima winning,
+        as scatters of the maximum and of the winning entry's position."""
+        entries, size = rows.shape
+        if self.keep is not None:
+            rows = xp.where(self.keep[:, None], rows, -xp.inf).astype(rows.dtype)
+        output = xp.full((self.bag_count, size), -xp.inf, dtype=rows.dtype)
+        backend.scatter_reduce(output, bag_of, rows, "maximum")
+        winner = rows == output[bag_of]
+        winner |= xp.isnan(rows)  # a NaN is its bag's maximum, as on the host
+        if self.keep is not None:
+            winner &= self.keep[:, None]
+        position = xp.where(winner, xp.arange(entries)[:, None], entries)
+        first = xp.full((self.bag_count, size), entries, dtype=position.dtype)
+        backend.scatter_reduce(first, bag_of, position, "minimum")
+        empty = first == entries
+        output = xp.where(empty, 0, output).astype(rows.dtype)
+        if entries:
+            winning_row = xp.where(empty, -1, indices[xp.minimum(first, entries - 1)])
+        else:
+            winning_row = xp.full(first.shape, -1, dtype=indices.dtype)
+        self.save_for_backward(winning_row)
         return output
 
     def _max_forward(self, xp, rows, indices, bag_of):
@@ -97,6 +154,10 @@ class EmbeddingBag(Function):
             (winning_row,) = self.saved
             filled = winning_row >= 0
             features = xp.broadcast_to(xp.arange(size), winning_row.shape)
+            if self.on_device:  # an empty bag adds a zero to element 0: no selection
+                positions = xp.where(filled, winning_row * size + features, 0)
+                backend.scatter_add(grad_weight.reshape(-1), positions, xp.where(filled, grad, 0))
+                return grad_weight, None
             backend.scatter_add(
                 grad_weight.reshape(-1),
                 (winning_row * size + features)[filled],
@@ -113,12 +174,16 @@ class EmbeddingBag(Function):
                 kept = (entry_grad * xp.take(weight, indices, axis=0)).sum(axis=1)
                 grad_samples = self._expand(xp, kept)
             entry_grad *= per_sample_weights[:, None]
+        if self.on_device and self.keep is not None:
+            entry_grad *= self.keep[:, None].astype(entry_grad.dtype)  # padding adds nothing
         return row_sums(indices, entry_grad, self.weight_shape[0]), grad_samples
 
     def _expand(self, xp, kept_values):
         """Per-index values of the kept entries, with zeros at the padding entries."""
         if self.keep is None:
             return kept_values
+        if self.on_device:  # every entry was kept in place, padding ones masked
+            return kept_values * self.keep.astype(kept_values.dtype)
         full = xp.zeros(self.keep.shape, dtype=kept_values.dtype)
         full[self.keep] = kept_values
         return full
@@ -191,7 +256,18 @@ def embedding_bag(
 
     if mode not in MODES:
         raise ValueError(f"{name}: mode must be one of {MODES}, got {mode!r}")
-    index_array = backend.as_numpy(indices.data if isinstance(indices, Tensor) else indices)
+    index_data = indices.data if isinstance(indices, Tensor) else indices
+    offsets_data = offsets.data if isinstance(offsets, Tensor) else offsets
+    if backend.is_device_array(index_data) or backend.is_device_array(offsets_data):
+        # Ids (or offsets) already on a device are laid out and checked there.
+        index_array, flat, bag_of, bag_count = _device_layout(
+            index_data, offsets_data, weight, include_last_offset, name
+        )
+        return _apply(
+            weight, per_sample_weights, index_array, flat, bag_of, bag_count, mode,
+            padding_idx, name,
+        )  # fmt: skip
+    index_array = backend.as_numpy(index_data)
     index_array = _integer_array(index_array, "indices", name)
     vocabulary = weight.shape[0]
     if index_array.ndim == 2:
@@ -220,6 +296,14 @@ def embedding_bag(
             f"{name}: indices must be in [0, {vocabulary - 1}] for a vocabulary of "
             f"{vocabulary} rows, got min {int(flat.min())} and max {int(flat.max())}"
         )
+    return _apply(
+        weight, per_sample_weights, index_array, flat, bag_of, bag_count, mode, padding_idx, name
+    )
+
+
+def _apply(weight, per_sample_weights, index_array, flat, bag_of, bag_count, mode, padding_idx,
+           name):  # fmt: skip
+    """Check the per-sample weights against the indices and run the op."""
     inputs = [weight]
     if per_sample_weights is not None:
         if mode != "sum":
@@ -241,6 +325,78 @@ def embedding_bag(
         mode=mode,
         padding_idx=padding_idx,
     )
+
+
+def _device_layout(index_data, offsets_data, weight, include_last_offset: bool, name: str):
+    """``(indices, flat indices, bag_of, bag_count)`` on the weight's device, laid out
+    without reading it: the range of the ids and the offsets' rules are checked there
+    (inside a training step, read at the next sync point)."""
+    device = backend.device_of(weight.data if hasattr(weight, "data") else weight)
+    index_array = backend.to_device(index_data, device)
+    if index_array.dtype.kind not in "iu":
+        raise TypeError(f"{name}: indices must be integers, got dtype {index_array.dtype}")
+    index_array = index_array.astype(np.int64, copy=False)
+    xp = backend.array_module(index_array)
+    if index_array.ndim == 2:
+        if offsets_data is not None:
+            raise ValueError(
+                f"{name}: offsets must be None with 2-d indices {index_array.shape} (each row "
+                "is a bag)"
+            )
+        bag_count, length = index_array.shape
+        bag_of = xp.arange(bag_count * length, dtype=np.int64) // max(length, 1)
+    elif index_array.ndim == 1:
+        if offsets_data is None:
+            raise ValueError(
+                f"{name}: 1-d indices {index_array.shape} need offsets (where each bag starts)"
+            )
+        bag_of, bag_count = _device_bags(
+            offsets_data, index_array.shape[0], include_last_offset, device, name
+        )
+    else:
+        raise ValueError(
+            f"{name}: indices must be (B, L), or (M,) with offsets, got shape {index_array.shape}"
+        )
+    flat = index_array.reshape(-1)
+    if flat.size:
+        check_indices(flat, weight.shape[0], name)
+    return index_array, flat, bag_of, bag_count
+
+
+def _device_bags(offsets_data, total: int, include_last_offset: bool, device, name: str):
+    """``_bags_from_offsets`` on a device: each index's bag by a sorted search of the
+    starts, the offsets' rules checked there."""
+    offsets_array = backend.to_device(offsets_data, device)
+    if offsets_array.dtype.kind not in "iu":
+        raise TypeError(f"{name}: offsets must be integers, got dtype {offsets_array.dtype}")
+    least = 2 if include_last_offset else 1
+    if offsets_array.ndim != 1 or offsets_array.shape[0] < least:
+        what = "2 entries (include_last_offset)" if include_last_offset else "1 entry"
+        raise ValueError(
+            f"{name}: offsets must be 1-d with at least {what}, got {offsets_array.shape}"
+        )
+    xp = backend.array_module(offsets_array)
+    offsets_array = offsets_array.astype(np.int64, copy=False)
+    starts = offsets_array[:-1] if include_last_offset else offsets_array
+    ends = (
+        offsets_array[1:]
+        if include_last_offset
+        else xp.concatenate([offsets_array[1:], xp.asarray([total], dtype=np.int64)])
+    )
+    bad = (starts[0] != 0) | xp.any(ends < starts) | (ends[-1] > total)
+    if include_last_offset:
+        bad = bad | (ends[-1] != total)
+    device_waits.check(
+        bad,
+        lambda: ValueError(
+            f"{name}: offsets must start at 0, never decrease and stay within the {total} "
+            f"indices (with include_last_offset end at {total}), got "
+            f"{backend.as_numpy(offsets_array).tolist()}"
+        ),
+    )
+    positions = xp.arange(total, dtype=np.int64)
+    bag_of = xp.searchsorted(starts, positions, side="right") - 1
+    return bag_of, int(starts.shape[0])
 
 
 def _integer_array(array, what: str, name: str):

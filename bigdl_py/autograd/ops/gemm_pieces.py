@@ -72,7 +72,7 @@ def _applies(a, b) -> bool:
     return (
         a.dtype == np.float32
         and b.dtype == np.float32
-        and not backend.is_cupy_array(a)
+        and not backend.is_device_array(a)
         and _small_kernels_available()
     )
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from bigdl_py import backend
+from bigdl_py import backend, kernels
 from bigdl_py.autograd.function import Function
 from bigdl_py.autograd.ops.conv_tiles import (
     blas_is_openblas,
@@ -33,6 +33,7 @@ from bigdl_py.autograd.ops.conv_tiles import (
     tiles_shared_recently,
     worker_count,
 )
+from bigdl_py.kernels import products
 
 # Multiply-adds below which a product runs whole on the calling thread: handing out its
 # parts costs ~0.1 ms, about what one thread takes for a product of this size.
@@ -58,7 +59,7 @@ def matmul_2d(a, b):
         # An outer product, as a one-output Linear's input gradient is: OpenBLAS's GEMM
         # takes 38 us for (1024, 1) @ (1, 32), the broadcast product 15 us (one thread).
         return a * b
-    workers = 1 if backend.is_cupy_array(a) else worker_count()
+    workers = 1 if backend.is_device_array(a) else worker_count()
     if workers == 1 or rows == 0 or columns == 0:
         return a @ b
     if _runs_on_one_blas_thread(rows * columns * inner) or not tiles_shared_recently():
@@ -86,8 +87,11 @@ def matmul_any(a, b):
     """``a @ b`` with NumPy's rules, on the CPU on the tile threads (see the module)."""
     if a.ndim == 2 and b.ndim == 2:
         return matmul_2d(a, b)
+    if a.ndim >= 2 and b.ndim >= 2 and kernels.route(a, b) is not None:
+        # A device stack: one strided-batched GEMM, transposed/broadcast operands uncopied.
+        return products.matmul(a, b)
     xp = backend.array_module(a)
-    workers = 1 if backend.is_cupy_array(a) else worker_count()
+    workers = 1 if backend.is_device_array(a) else worker_count()
     if workers == 1 or a.size == 0 or b.size == 0:
         return xp.matmul(a, b)
     if a.ndim == 1 or b.ndim == 1:  # a matrix-vector product: one tile, BLAS held to one thread

@@ -7,9 +7,10 @@ import threading
 
 import numpy as np
 
-from bigdl_py import backend
+from bigdl_py import backend, device_waits, kernels
 from bigdl_py.autograd.engine import RowGradient
 from bigdl_py.autograd.function import Function
+from bigdl_py.kernels import dropout as fused_dropout
 
 # Dropout draws from this generator when the caller passes none; ``manual_seed`` resets it.
 # A thread that called ``manual_seed`` itself draws from its own: Spark's one-task mode
@@ -23,14 +24,16 @@ def manual_seed(seed: int) -> None:
     """Reseed the generator that ``dropout`` uses when it is given no ``rng``: the process's
     (from the main thread) or, from another thread, that thread's own from now on.
 
-    On CUDA arrays without an ``rng``, dropout draws on the device from CuPy's global
-    generator, which this seeds too when CuPy is in use.
+    On device arrays without an ``rng``, dropout draws on the device from a Philox stream
+    whose seed comes from this generator (``bigdl_py.kernels.dropout``); this restarts it.
+    CuPy's global generator is seeded too when CuPy is in use.
     """
     global _default_generator
     generator = np.random.default_rng(seed)
     if threading.current_thread() is threading.main_thread():
         _default_generator = generator
     _thread_generators.generator = generator
+    fused_dropout.forget_streams()  # device streams restart from the new generator
     if backend.cuda_available():
         backend.cupy_module().random.seed(seed)
 
@@ -47,7 +50,7 @@ def _uniform(shape, like, rng):
     alike then gives the same mask to float32 and float64 models.
     """
     draw_dtype = np.float32
-    if rng is None and backend.is_cupy_array(like):
+    if rng is None and backend.is_device_array(like):
         return backend.array_module(like).random.random(shape, dtype=draw_dtype)
     generator = default_generator() if rng is None else rng
     if not isinstance(generator, np.random.Generator):
@@ -72,9 +75,11 @@ def _keep_mask(shape, p: float, like, rng):
     Otherwise ``_uniform(...) >= p``. Either way the mask depends on the generator only, not
     on the dtype of ``like``.
     """
+    if rng is None and kernels.route(like) is not None:
+        return fused_dropout.keep_mask(shape, p, like)  # drawn on the device
     generator = default_generator() if rng is None else rng
     raw_bits = (
-        not (rng is None and backend.is_cupy_array(like))
+        not (rng is None and backend.is_device_array(like))
         and isinstance(generator, np.random.Generator)
         and type(generator.bit_generator) in _RAW_64_BIT_GENERATORS
     )
@@ -95,15 +100,25 @@ class Dropout(Function):
 
     def forward(self, x, p=0.5, rng=None):
         backend.check_floating(x.dtype, "dropout")
+        self.scale = x.dtype.type(1.0 / (1.0 - p)) if p < 1 else x.dtype.type(0)
+        self.p = p
+        self.fused = rng is None and kernels.route(x) is not None
+        if self.fused:
+            # One kernel, no mask kept: the backward regenerates it from the stream's copy.
+            taken = fused_dropout.take(x, x.size)
+            self.save_for_backward(taken)
+            return fused_dropout.apply(x, taken, p, self.scale)
         # A boolean mask costs 1 byte per element; the scale is applied as a separate step.
         keep = _keep_mask(x.shape, p, x, rng)
-        self.scale = x.dtype.type(1.0 / (1.0 - p)) if p < 1 else x.dtype.type(0)
         self.save_for_backward(keep)
         output = x * keep
         output *= self.scale
         return output
 
     def backward(self, grad):
+        if self.fused:
+            (taken,) = self.saved
+            return fused_dropout.apply(grad, taken, self.p, self.scale)
         (keep,) = self.saved
         grad_x = grad * keep
         grad_x *= self.scale
@@ -124,14 +139,8 @@ class Embedding(Function):
                 f"embedding: weight must be 2-d (num_embeddings, embedding_dim), got shape "
                 f"{tuple(weight.shape)}"
             )
-        vocabulary = weight.shape[0]
         if indices.size:
-            low, high = int(indices.min()), int(indices.max())
-            if low < 0 or high >= vocabulary:
-                raise IndexError(
-                    f"embedding: indices must be in [0, {vocabulary - 1}] for a vocabulary of "
-                    f"{vocabulary} rows, got min {low} and max {high}"
-                )
+            check_indices(indices, weight.shape[0], "embedding")
         self.padding_idx = padding_idx
         self.weight_shape = weight.shape
         self.save_for_backward(indices)
@@ -143,9 +152,35 @@ class Embedding(Function):
         rows = grad.reshape(-1, self.weight_shape[1])
         if self.padding_idx is not None:
             kept = indices != self.padding_idx
-            indices, rows = indices[kept], rows[kept]
+            if backend.is_device_array(rows):
+                # Zero rows instead of a boolean selection, which sizes its result on the
+                # host (a device wait); the padding row then gets zeros added.
+                rows = rows * kept[:, None].astype(rows.dtype)
+            else:
+                indices, rows = indices[kept], rows[kept]
         # Only the looked-up rows: the engine adds them into the weight's .grad in place.
         return None, RowGradient(indices, rows, self.weight_shape)
+
+
+def check_indices(indices, count: int, name: str) -> None:
+    """Raise IndexError, naming ``name``, when an index lies outside ``[0, count)``.
+
+    Device indices are checked on the device: inside a training step the answer is read at
+    the next sync point (``device_waits``), and until then the lookups wrap around as
+    CuPy's do, so nothing reads outside the table.
+    """
+    low, high = indices.min(), indices.max()
+
+    def error() -> IndexError:
+        return IndexError(
+            f"{name}: indices must be in [0, {count - 1}] for a vocabulary of {count} rows, "
+            f"got min {int(low)} and max {int(high)}"
+        )
+
+    if backend.is_device_array(indices):
+        device_waits.check((low < 0) | (high >= count), error)
+    elif low < 0 or high >= count:
+        raise error()
 
 
 def row_sums(index, rows, count: int):
@@ -180,7 +215,7 @@ def add_rows(target, index, rows, zeroed: bool = False) -> None:
     """
     if index.size == 0:
         return
-    if backend.is_cupy_array(target):
+    if backend.is_device_array(target):
         backend.scatter_add(target, index, rows)
         return
     count = target.shape[0]

@@ -1,14 +1,20 @@
 """Batch and layer normalisation, each one fused op with an analytic backward.
 
 Composing them from mean/var/sub/div would record about ten graph nodes and keep as many
-temporaries alive; the fused backward needs only the normalised input and ``1/std``.
+temporaries alive; the fused backward needs only the normalised input and ``1/std``. On a
+GPU both run as fused kernels (``bigdl_py.kernels.normalization``: two launches a
+direction instead of ~25 array operations), which keep ``x`` and recompute the normalised
+input from it.
 """
 
 from __future__ import annotations
 
-from bigdl_py import backend
+import math
+
+from bigdl_py import backend, kernels
 from bigdl_py.autograd.function import Function
 from bigdl_py.autograd.ops.conv_tiles import for_each_tile, worker_count
+from bigdl_py.kernels import normalization as fused_normalization
 
 
 def buffer_array(buffer):
@@ -40,7 +46,7 @@ MIN_SPLIT_BYTES = 1 << 20
 def _for_channel_blocks(x, work) -> None:
     """Run ``work(first, stop, scratch)`` over blocks of channels of ``x (N, C, ...)``."""
     channels = x.shape[1]
-    on_gpu = backend.is_cupy_array(x)
+    on_gpu = backend.is_device_array(x)
     size = channels
     if not on_gpu and x.size * x.itemsize > MIN_SPLIT_BYTES:
         size = -(-channels // worker_count())
@@ -70,7 +76,7 @@ def _channel_dots(first, second):
     faster (64x512x16 values: 0.17 ms against 0.41; 64x64x1024: 0.88 against 0.63).
     """
     xp = backend.array_module(first)
-    if backend.is_cupy_array(first):
+    if backend.is_device_array(first):
         return (first * second).sum(axis=(0, 2))
     if first.shape[2] >= 64:
         return xp.vecdot(first, second).sum(axis=0)
@@ -114,19 +120,33 @@ class BatchNorm(Function):
                     f"{tuple(x.shape)}, got {tuple(value.shape)}"
                 )
         count = x.size // channels
-        if training:
-            if count < 2:
-                raise ValueError(
-                    f"batch_norm: training needs more than one value per channel, got input "
-                    f"of shape {tuple(x.shape)}"
+        if training and count < 2:
+            raise ValueError(
+                f"batch_norm: training needs more than one value per channel, got input "
+                f"of shape {tuple(x.shape)}"
+            )
+        if not training and (running_mean is None or running_var is None):
+            raise ValueError(
+                "batch_norm: evaluation (training=False) needs running_mean and running_var"
+            )
+        self.training = training
+        self.affine = affine
+        self.count = count
+        self.fused = _takes_fused_batch_norm(x, weight, bias, running_mean, running_var, momentum)
+        if self.fused:  # two kernels: the channels' statistics, then the output
+            if training:
+                mean, inv_std = fused_normalization.batch_norm_statistics(
+                    x, running_mean, running_var, eps, momentum
                 )
+            else:
+                mean = running_mean.astype(x.dtype, copy=False)
+                inv_std = 1.0 / xp.sqrt(running_var.astype(x.dtype, copy=False) + eps)
+            self.save_for_backward(x, mean, inv_std, weight)
+            return fused_normalization.batch_norm_forward(x, mean, inv_std, weight, bias)
+        if training:
             mean = xp.empty(channels, dtype=x.dtype)
             variance = xp.empty(channels, dtype=x.dtype)
         else:
-            if running_mean is None or running_var is None:
-                raise ValueError(
-                    "batch_norm: evaluation (training=False) needs running_mean and running_var"
-                )
             mean = running_mean.astype(x.dtype, copy=False)
             variance = running_var.astype(x.dtype, copy=False)
         inv_std = xp.empty(channels, dtype=x.dtype)
@@ -158,19 +178,22 @@ class BatchNorm(Function):
                 _update_in_place(running_mean, mean, momentum)
             if running_var is not None:
                 _update_in_place(running_var, variance * (count / (count - 1)), momentum)
-        self.training = training
-        self.affine = affine
-        self.count = count
         self.save_for_backward(normalized, inv_std, weight)
         return output
 
     def backward(self, grad):
-        normalized, inv_std, weight = self.saved
-        xp = backend.array_module(grad)
-        count, channels = self.count, grad.shape[1]
         want_weight = self.affine[0] and self.needs_input_grad[1]
         want_bias = self.affine[1] and self.needs_input_grad[1 + self.affine[0]]
         want_x = self.needs_input_grad[0]
+        if self.fused:
+            x, mean, inv_std, weight = self.saved
+            grad_x, grad_sum, grad_dot = fused_normalization.batch_norm_backward(
+                grad, x, mean, inv_std, weight, self.training, (want_x, want_bias, want_weight)
+            )
+            return _with_affine(grad_x, grad_dot, grad_sum, self.affine)
+        normalized, inv_std, weight = self.saved
+        xp = backend.array_module(grad)
+        count, channels = self.count, grad.shape[1]
         # Batch statistics make every value's gradient depend on the channel's gradient sum
         # and its dot product with the normalised input.
         need_sums = want_bias or (want_x and self.training)
@@ -201,12 +224,9 @@ class BatchNorm(Function):
                 xp.multiply(gradient, scale[block].reshape(1, -1, 1), out=result)
 
         _for_channel_blocks(grad, work)
-        gradients = [grad_x]
-        if self.affine[0]:
-            gradients.append(grad_dot if want_weight else None)
-        if self.affine[1]:
-            gradients.append(grad_sum if want_bias else None)
-        return tuple(gradients)
+        return _with_affine(
+            grad_x, grad_dot if want_weight else None, grad_sum if want_bias else None, self.affine
+        )
 
 
 class LayerNorm(Function):
@@ -228,18 +248,45 @@ class LayerNorm(Function):
                     f"{tuple(value.shape)}"
                 )
         axes = tuple(range(x.ndim - count_axes, x.ndim))
+        self.affine = affine
+        self.axes = axes
+        self.fused = kernels.route(x, weight, bias) is not None and x.flags.c_contiguous
+        if self.fused:  # one kernel, one block per row
+            width = math.prod(normalized_shape)
+            output, mean, inv_std = fused_normalization.layer_norm_forward(
+                x, width, weight, bias, eps
+            )
+            self.save_for_backward(x, mean, inv_std, weight)
+            return output
         mean = x.mean(axis=axes, keepdims=True)
         normalized = x - mean
         variance = (normalized * normalized).mean(axis=axes, keepdims=True)
         inv_std = (1.0 / xp.sqrt(variance + eps)).astype(x.dtype, copy=False)
         normalized *= inv_std
         output = _scale_and_shift(normalized, weight, bias, normalized_shape)
-        self.affine = affine
-        self.axes = axes
         self.save_for_backward(normalized, inv_std, weight)
         return output
 
     def backward(self, grad):
+        if self.fused:
+            x, mean, inv_std, weight = self.saved
+            width = math.prod(x.shape[x.ndim - len(self.axes) :])
+            grad_x, grad_weight, grad_bias = fused_normalization.layer_norm_backward(
+                grad,
+                x,
+                mean,
+                inv_std,
+                weight,
+                width,
+                (self.needs_input_grad[0], self.affine[0], self.affine[1]),
+            )
+            shape = x.shape[x.ndim - len(self.axes) :]
+            return _with_affine(
+                grad_x,
+                None if grad_weight is None else grad_weight.reshape(shape),
+                None if grad_bias is None else grad_bias.reshape(shape),
+                self.affine,
+            )
         normalized, inv_std, weight = self.saved
         leading = tuple(range(grad.ndim - len(self.axes)))
         gradients = []
@@ -258,6 +305,26 @@ class LayerNorm(Function):
         if self.affine[1]:
             gradients.append(grad.sum(axis=leading))
         return tuple(gradients)
+
+
+def _with_affine(grad_x, grad_weight, grad_bias, affine) -> tuple:
+    """The input's gradient, then those of the affine inputs the op was given."""
+    gradients = [grad_x]
+    if affine[0]:
+        gradients.append(grad_weight)
+    if affine[1]:
+        gradients.append(grad_bias)
+    return tuple(gradients)
+
+
+def _takes_fused_batch_norm(x, weight, bias, running_mean, running_var, momentum) -> bool:
+    """Whether batch norm runs as fused kernels: a device, contiguous input, running
+    statistics of its dtype, and a momentum known on the host."""
+    if kernels.route(x, weight, bias) is None or not x.flags.c_contiguous:
+        return False
+    if any(value is not None and value.dtype != x.dtype for value in (running_mean, running_var)):
+        return False
+    return isinstance(momentum, (int, float))
 
 
 def _split_affine(arrays, affine):

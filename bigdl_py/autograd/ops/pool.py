@@ -55,7 +55,7 @@ def _kernel_offsets(kernel):
 def _for_tiles(array, work, bytes_per_sample: int | None = None) -> None:
     """Run ``work(start, stop, scratch)`` over batch tiles of ``array`` (see conv_tiles),
     sized by ``bytes_per_sample`` (by default, of ``array``'s samples)."""
-    on_gpu = backend.is_cupy_array(array)
+    on_gpu = backend.is_device_array(array)
     if bytes_per_sample is None:
         bytes_per_sample = array[0].size * array.itemsize
     size = tile_size(array.shape[0], bytes_per_sample, worker_count(), on_gpu)

@@ -79,7 +79,7 @@ def _index_to_device(index, array):
     def convert(part):
         if isinstance(part, Tensor):
             part = part.data
-        if isinstance(part, (list, np.ndarray)) or backend.is_cupy_array(part):
+        if isinstance(part, (list, np.ndarray)) or backend.is_device_array(part):
             return backend.to_device(
                 np.asarray(part) if isinstance(part, list) else part, backend.device_of(array)
             )

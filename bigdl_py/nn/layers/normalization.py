@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from bigdl_py import backend
 from bigdl_py.autograd import ops
 from bigdl_py.nn import init
 from bigdl_py.nn.layers._arguments import (
@@ -109,7 +110,9 @@ class _BatchNorm(_NormBase):
         if self.training and self.track_running_stats:
             self.num_batches_tracked.data += 1
             if momentum is None:  # a cumulative moving average of every batch so far
-                momentum = 1.0 / float(self.num_batches_tracked.item())
+                count = self.num_batches_tracked.data
+                # On a device the factor stays there: reading the count would wait for it.
+                momentum = 1.0 / (count if backend.is_device_array(count) else float(count))
         # Without running statistics there is nothing else to normalise with, even in eval.
         use_batch_statistics = self.training or not self.track_running_stats
         return ops.batch_norm(

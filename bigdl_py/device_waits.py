@@ -1,0 +1,157 @@
+"""Where the host may wait for a device, and checks that wait for the next place it may.
+
+A GPU runs what the host queued, in order, while the host goes on queuing. Reading device
+data back (``bool(x.any())``, ``int(x.max())``, ``float(loss)``, ``.item()``, ``.get()``)
+makes the host wait until the device has run everything queued before it: the next step
+cannot be queued meanwhile, and the device idles while the host catches up. A training
+step must therefore read nothing back. The training loop marks its steps with
+:func:`no_device_waits` and the places where it reads on purpose (validation, the end of an
+epoch, a checkpoint, the end of training) with :func:`device_sync_point`.
+
+Two things use the marks:
+
+* Checks of device data inside a step (a label out of range on the device, an id outside an
+  embedding's rows) do not read it there: :func:`check` keeps the device's
+  answer (a 0-d boolean array) with a message and the step it came from, and
+  :func:`raise_deferred_checks` reads the answers at the next sync point and raises the
+  first failed one, naming its step. Outside a step (a user calling a loss directly) the
+  check reads at once, as before.
+* The ``strict`` test device (``bigdl_py.strict_device``) raises :class:`DeviceSyncError`
+  on any read of its arrays inside a step, so a test catches a wait the moment it is
+  written. CuPy's arrays are not policed (the check would cost every read).
+
+The marks are per thread: Spark's one-task mode trains one replica per thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from bigdl_py import backend
+
+
+class DeviceSyncError(RuntimeError):
+    """Device data was read back to the host inside a training step (a device wait)."""
+
+
+class _Marks(threading.local):
+    """This thread's position: inside how many steps and sync points, and which step."""
+
+    def __init__(self):
+        self.modes: list[bool] = []  # innermost last: True in a step, False at a sync point
+        self.step_name = ""
+        self.step_number = 0
+        self.pending: list = []
+
+
+_marks = _Marks()
+
+
+@contextlib.contextmanager
+def no_device_waits() -> Iterator[None]:
+    """Code inside must not read device data back (a training step); marks nest, the
+    innermost one rules (validation's batches inside its sync point are such a region)."""
+    modes = _marks.modes
+    modes.append(True)
+    try:
+        yield
+    finally:
+        modes.pop()
+
+
+@contextlib.contextmanager
+def device_sync_point(reason: str = "") -> Iterator[None]:
+    """A place inside :func:`no_device_waits` where the host may wait for the device.
+
+    ``reason`` says why (for readers; e.g. ``"validation"``)."""
+    del reason
+    modes = _marks.modes
+    modes.append(False)
+    try:
+        yield
+    finally:
+        modes.pop()
+
+
+def waits_forbidden() -> bool:
+    """Whether the calling thread's innermost mark is a step (not a sync point)."""
+    modes = _marks.modes
+    return bool(modes) and modes[-1]
+
+
+def check_read(what: str) -> None:
+    """Raise :class:`DeviceSyncError` when reading device data (``what``) would make the
+    host wait inside a step; the strict device calls this on every read."""
+    if waits_forbidden():
+        name = str(_marks.step_name)
+        step = f" ({name})" if name else ""
+        raise DeviceSyncError(
+            f"{what} reads device data back to the host inside a training step{step}: the "
+            "host would wait for the device. Keep the value on the device, check it on the "
+            "host before the copy, or read it at a sync point (device_waits.check)"
+        )
+
+
+def begin_step(name: Any) -> None:
+    """The host starts queuing a new step, named ``str(name)`` (``"iteration 12 (epoch 2,
+    batch 3 of 10)"``) in the errors of the checks it defers (formatted only then)."""
+    marks = _marks
+    marks.step_name = name
+    marks.step_number += 1
+
+
+def step_name() -> str:
+    """The name :func:`begin_step` gave the step now being queued (``""``: none)."""
+    return str(_marks.step_name)
+
+
+def step_number() -> int:
+    """How many steps this thread has begun (:func:`begin_step`)."""
+    return _marks.step_number
+
+
+class _DeferredCheck:
+    """A device answer to read later: ``failed`` (0-d bool array) and how to explain it."""
+
+    __slots__ = ("failed", "error", "step_name")
+
+    def __init__(self, failed: Any, error: Callable[[], Exception], step_name: str):
+        self.failed, self.error, self.step_name = failed, error, step_name
+
+
+def check(failed: Any, error: Callable[[], Exception]) -> None:
+    """Raise ``error()`` when ``failed`` (a boolean, or a 0-d boolean array) is true.
+
+    A host value, or any value outside a step, is read at once. A device value inside a
+    step is kept, and read at the next :func:`raise_deferred_checks` (a sync point).
+    ``error`` builds the exception; it may read device data (it runs where reading is
+    allowed) and is called only when the check failed.
+    """
+    if waits_forbidden() and backend.is_device_array(failed):
+        _marks.pending.append(_DeferredCheck(failed, error, _marks.step_name))
+    elif failed:
+        raise error()
+
+
+def raise_deferred_checks() -> None:
+    """Read the answers of the checks deferred so far (waits for the device) and raise the
+    first failed one's error, its message naming the step it came from; forget them all."""
+    pending, _marks.pending = _marks.pending, []
+    if not pending:
+        return
+    with device_sync_point("deferred checks"):
+        for check in pending:
+            if bool(check.failed):
+                error = check.error()
+                name = str(check.step_name)
+                if name:
+                    error.args = (f"{error.args[0] if error.args else ''} [in {name}]",)
+                raise error
+
+
+def discard_deferred_checks() -> None:
+    """Forget the checks deferred so far without reading them (a run that failed)."""
+    _marks.pending = []
