@@ -277,3 +277,14 @@ def test_save_load_round_trip(tmp_path):
 def test_bad_settings_and_inputs_are_refused_naming_the_problem(call, error, message):
     with pytest.raises(error, match=message):
         call()
+
+
+def test_integer_per_sample_weights_are_refused_naming_the_layer():
+    # PyTorch too wants the table's dtype; integer weights could not get a gradient either.
+    bag = nn.EmbeddingBag(10, 3, mode="sum")
+    indices = np.array([[1, 2]])
+    with pytest.raises(TypeError, match=r"EmbeddingBag\(.*per_sample_weights must be floating"):
+        bag(indices, per_sample_weights=np.array([[1, 2]]))
+    weighted = bag(indices, per_sample_weights=np.array([[1.0, 2.0]], dtype=np.float32))
+    expected = bag.weight.numpy()[1] + 2 * bag.weight.numpy()[2]
+    np.testing.assert_allclose(weighted.numpy()[0], expected, rtol=1e-6)
