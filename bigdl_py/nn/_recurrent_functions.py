@@ -29,9 +29,8 @@ route's tests compare with.
 The weights' gate layouts are PyTorch's: LSTM ``[i, f, g, o]``, GRU ``[r, z, n]``, stacked
 along the first axis (the RNN has one gate). Inside, the GRU's and the RNN's arrays are ``(D,
 T, N, ...)``: direction, step (in each direction's reading order), batch; the LSTM's put the
-batch last. The layer-layout
-inputs and outputs are ``(N, T, ...)`` (``batch_first``) or ``(T, N, ...)``, with the
-directions side by side along the features.
+batch last. The layer-layout inputs and outputs are ``(N, T, ...)`` (``batch_first``) or
+``(T, N, ...)``, with the directions side by side along the features.
 """
 
 from __future__ import annotations
@@ -696,17 +695,16 @@ class RNNSequence(_ProjectedSequence):
         xp = backend.array_module(x)
         self.nonlinearity = nonlinearity
         self.weight_hh_t = xp.ascontiguousarray(xp.swapaxes(weight_hh, 1, 2))
-        self.bias_hh = bias_hh
-        return xp.ascontiguousarray(xp.swapaxes(weight_ih, 1, 2)), bias_ih
+        # Both biases enter every step alike: added once, in the input projection.
+        bias = None if bias_ih is None else bias_ih + bias_hh
+        return xp.ascontiguousarray(xp.swapaxes(weight_ih, 1, 2)), bias
 
     def _steps(self, part, gates, hiddens) -> None:
         xp = backend.array_module(gates)
-        weight_hh_t, bias_hh = self.weight_hh_t[part], _part(self.bias_hh, part)
+        weight_hh_t = self.weight_hh_t[part]
         pre_activation = xp.empty(hiddens.shape[:1] + hiddens.shape[2:], dtype=gates.dtype)
         for t in range(gates.shape[1]):
             xp.matmul(hiddens[:, t], weight_hh_t, out=pre_activation)
-            if bias_hh is not None:
-                pre_activation += bias_hh[:, None, :]
             pre_activation += gates[:, t]
             if self.nonlinearity == "tanh":
                 xp.tanh(pre_activation, out=hiddens[:, t + 1])
