@@ -162,6 +162,21 @@ def device_of(array: Any) -> Device:
     return CPU
 
 
+@functools.cache
+def memory_bytes(where: Device) -> int | None:
+    """The total memory of ``where`` (the host's physical memory, or the GPU's), or None
+    where the system does not say. An array larger than this can never be allocated there:
+    ops refuse such outputs up front instead of failing after minutes of paging or being
+    killed. Cached: it does not change, and asking a GPU is a driver call."""
+    if where.type == "cuda":
+        with where.activate():
+            return int(cupy_module().cuda.runtime.memGetInfo()[1])
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # no sysconf (Windows), or no such name
+        return None
+
+
 def to_device(array: Any, target: Device | str) -> Any:
     """Move an array to ``target``; returns the same array when it is already there."""
     target = device(target)

@@ -1,11 +1,13 @@
-"""The recurrences of one LSTM or GRU layer, both directions at once, as fused ``Function``s.
+"""The recurrences of one LSTM, GRU or Elman RNN layer, both directions at once, as fused
+``Function``s.
 
 Each layer is a single graph node, so a sequence of any length adds no depth to the backward
 walk. Inside, the recurrence runs in a Python loop over time on raw arrays; the backward is
 back-propagation through time written out by hand, then the weights' gradients over all
-steps, one GEMM each. The GRU projects the input of every time step with one GEMM before its
-loop; the LSTM works transposed, batch last, with the input projection inside each step's
-GEMM (see ``LSTMSequence``).
+steps, one GEMM each. The GRU and the RNN project the input of every time step with one GEMM
+before their loop and share everything but their steps (``_ProjectedSequence``); the LSTM
+works transposed, batch last, with the input projection inside each step's GEMM (see
+``LSTMSequence``).
 
 Both directions of a bidirectional layer share the work: at step ``s`` the forward
 direction reads time ``s`` and the reverse one time ``T - 1 - s``. On one BLAS thread (and
@@ -25,10 +27,10 @@ CuPy arrays, empty batches and ``BIGDL_PY_ONEDNN=0``, and is the reference the o
 route's tests compare with.
 
 The weights' gate layouts are PyTorch's: LSTM ``[i, f, g, o]``, GRU ``[r, z, n]``, stacked
-along the first axis. Inside, the GRU's arrays are ``(D, T, N, ...)``: direction, step (in
-each direction's reading order), batch; the LSTM's put the batch last. The layer-layout
-inputs and outputs are ``(N, T, ...)`` (``batch_first``) or ``(T, N, ...)``, with the
-directions side by side along the features.
+along the first axis (the RNN has one gate). Inside, the GRU's and the RNN's arrays are ``(D,
+T, N, ...)``: direction, step (in each direction's reading order), batch; the LSTM's put the
+batch last. The layer-layout inputs and outputs are ``(N, T, ...)`` (``batch_first``) or
+``(T, N, ...)``, with the directions side by side along the features.
 """
 
 from __future__ import annotations
@@ -501,73 +503,70 @@ def _lstm_steps_backward(
         xp.matmul(hidden_weights_t, step_grad, out=grad_hidden)
 
 
-class GRUSequence(_PooledSequence):
-    """One GRU layer over a sequence, in one or two directions.
+class _ProjectedSequence(_PooledSequence):
+    """A GRU or Elman RNN layer over a sequence, in one or two directions: the recurrences
+    that project the input of every time step with one GEMM before their loop and keep only
+    hidden states between steps.
 
-    Inputs: ``x`` (``(N, T, F)`` or ``(T, N, F)``), ``weight_ih (D, 3H, F)``, ``weight_hh (D,
-    3H, H)``, ``h0 (D, N, H)`` and, optionally, ``bias_ih`` and ``bias_hh (D, 3H)``. Output
-    ``(N, T + 1, D * H)`` (or ``(T + 1, N, D * H)``): rows ``0..T-1`` are the hidden states
-    at each time, row ``T`` the final hidden state of each direction. As in PyTorch, the
-    reset gate scales the hidden part of the candidate *including* its bias: ``n = tanh(x_n +
-    r * (h @ W_hn.T + b_hn))``.
+    Inputs: ``x`` (``(N, T, F)`` or ``(T, N, F)``), ``weight_ih (D, G, F)``, ``weight_hh
+    (D, G, H)``, ``h0 (D, N, H)`` and, optionally, ``bias_ih`` and ``bias_hh (D, G)``, with
+    ``G`` the number of gates times ``H``. Output ``(N, T + 1, D * H)`` (or ``(T + 1, N, D *
+    H)``): rows ``0..T-1`` are the hidden states at each time, row ``T`` the final hidden
+    state of each direction.
+
+    A subclass is the cell: ``_prepare`` (the input projection's weights, and what its steps
+    need), ``_steps`` and ``_steps_backward``. ``separate_hidden_gates`` says whether the
+    hidden projection's gate gradients differ from the input projection's (the GRU's reset
+    gate scales the hidden part of its candidate) or are the same array (the RNN's).
     """
 
-    gate_kinds = ("sigmoid", "sigmoid", "tanh")
+    separate_hidden_gates = True
+    # Arrays of the cell's own that its backward reads (from the pool: given back on release).
+    cell_saved: tuple = ()
 
-    def forward(self, x, weight_ih, weight_hh, h0, bias_ih=None, bias_hh=None, batch_first=True):
-        xp = backend.array_module(x)
+    def forward(
+        self, x, weight_ih, weight_hh, h0, bias_ih=None, bias_hh=None, batch_first=True, **cell
+    ):
         directions, _, size = weight_hh.shape
-        activations = _GateActivations(xp, self.gate_kinds, size, x.dtype)
-        # r and z add the input and hidden projections before activating, n does not
-        # (r multiplies n's hidden part first); all three blocks get the inner scale.
-        scaled_bias_ih = None if bias_ih is None else bias_ih * activations.scale
-        scaled_bias_hh = None if bias_hh is None else bias_hh * activations.scale
         inputs = _inputs_by_direction(x, directions, batch_first)
         gates = _empty_gates(inputs, weight_ih)
-        scaled_weight_ih = activations.scaled_transposed(weight_ih)
-        scaled_weight_hh = activations.scaled_transposed(weight_hh)
         steps, batch = inputs.shape[1:3]
         hiddens = _pool.take(x, (directions, steps + 1, batch, size), x.dtype)
-        # h @ W_hn.T + b_hn of every step
-        hidden_candidates = _pool.take(x, (directions, steps, batch, size), x.dtype)
         hiddens[:, 0] = h0
+        projection, projection_bias = self._prepare(
+            x, weight_ih, weight_hh, bias_ih, bias_hh, steps, batch, **cell
+        )
 
         def run(part):
-            _project(inputs[part], scaled_weight_ih[part], _part(scaled_bias_ih, part), gates[part])
-            _gru_steps(
-                gates[part],
-                hiddens[part],
-                hidden_candidates[part],
-                scaled_weight_hh[part],
-                _part(scaled_bias_hh, part),
-                activations,
-            )
+            _project(inputs[part], projection[part], _part(projection_bias, part), gates[part])
+            self._steps(part, gates[part], hiddens[part])
 
         _for_each_direction(x, directions, run, weight_hh[0].size * batch)
         self.batch_first, self.has_bias = batch_first, bias_ih is not None
-        self.save_for_backward(inputs, gates, hiddens, hidden_candidates, weight_ih, weight_hh)
-        self.pooled = (inputs, gates, hiddens, hidden_candidates)
+        self.save_for_backward(inputs, gates, hiddens, weight_ih, weight_hh)
+        self.pooled = (inputs, gates, hiddens, *self.cell_saved)
         return _to_layer_layout(hiddens[:, 1:], [hiddens[:, steps]], batch_first)
 
     def backward(self, grad):
-        inputs, gates, hiddens, hidden_candidates, weight_ih, weight_hh = self.saved
+        inputs, gates, hiddens, weight_ih, weight_hh = self.saved
         directions, steps = gates.shape[:2]
         upstream = _time_major_blocks(grad, directions, self.batch_first)
         grad_steps = _to_steps(upstream[:steps])
         grad_hidden = _final_state(upstream[steps])
-        # The input and hidden projections share the r and z gradients; only n's differ
-        # (the hidden part of n is scaled by r).
         grad_input_gates = _pool.take(gates, gates.shape, gates.dtype)
-        grad_hidden_gates = _pool.take(gates, gates.shape, gates.dtype)
+        hidden_gates_own = (
+            (_pool.take(gates, gates.shape, gates.dtype),) if self.separate_hidden_gates else ()
+        )
+        grad_hidden_gates = hidden_gates_own[0] if hidden_gates_own else grad_input_gates
         gradients = _WeightGradients(inputs, weight_ih, weight_hh, self.needs_input_grad[0])
 
         def run(part):
-            _gru_steps_backward(
+            self._steps_backward(
+                part,
                 grad_steps[part],
                 grad_hidden[part],
                 gates[part],
                 hiddens[part],
-                hidden_candidates[part],
                 weight_hh[part],
                 grad_input_gates[part],
                 grad_hidden_gates[part],
@@ -576,7 +575,7 @@ class GRUSequence(_PooledSequence):
 
         _for_each_direction(gates, directions, run, weight_hh[0].size * gates.shape[2])
         grad_x = gradients.layer_input(self.batch_first)
-        _pool.give(grad_steps, grad_input_gates, grad_hidden_gates, gradients.inputs_grad)
+        _pool.give(grad_steps, grad_input_gates, *hidden_gates_own, gradients.inputs_grad)
         return (
             grad_x,
             gradients.weight_ih,
@@ -585,6 +584,156 @@ class GRUSequence(_PooledSequence):
             gradients.bias_ih if self.has_bias else None,
             gradients.bias_hh if self.has_bias else None,
         )
+
+    def _release_extra(self) -> None:
+        super()._release_extra()
+        self.cell_saved = ()
+
+    def _prepare(self, x, weight_ih, weight_hh, bias_ih, bias_hh, steps: int, batch: int, **cell):
+        """Set up the steps (``cell_saved`` among them); return the input projection's
+        weight, ``(D, F, G)``, and bias, ``(D, G)`` or None."""
+        raise NotImplementedError  # pragma: no cover - each cell has its own
+
+    def _steps(self, part, gates, hiddens) -> None:
+        """The recurrence of directions ``part``: ``gates`` hold the input projection of
+        every step; fill ``hiddens[:, 1:]``."""
+        raise NotImplementedError  # pragma: no cover - each cell has its own
+
+    def _steps_backward(
+        self,
+        part,
+        grad_steps,
+        grad_hidden,
+        gates,
+        hiddens,
+        weight_hh,
+        grad_gates,
+        grad_hidden_gates,
+    ) -> None:
+        """Back-propagation through time of directions ``part``: fill the gate gradients of
+        the input projection (``grad_gates``) and of the hidden one; ``grad_hidden (D, N,
+        H)`` holds the final state's gradient on entry and the initial state's on exit."""
+        raise NotImplementedError  # pragma: no cover - each cell has its own
+
+
+class GRUSequence(_ProjectedSequence):
+    """One GRU layer over a sequence (``_ProjectedSequence`` with ``G = 3H``, gates ``[r, z,
+    n]``).
+
+    As in PyTorch, the reset gate scales the hidden part of the candidate *including* its
+    bias: ``n = tanh(x_n + r * (h @ W_hn.T + b_hn))``.
+    """
+
+    gate_kinds = ("sigmoid", "sigmoid", "tanh")
+
+    def _prepare(self, x, weight_ih, weight_hh, bias_ih, bias_hh, steps: int, batch: int):
+        xp = backend.array_module(x)
+        directions, _, size = weight_hh.shape
+        activations = _GateActivations(xp, self.gate_kinds, size, x.dtype)
+        # r and z add the input and hidden projections before activating, n does not
+        # (r multiplies n's hidden part first); all three blocks get the inner scale.
+        self.activations = activations
+        self.scaled_weight_hh = activations.scaled_transposed(weight_hh)
+        self.scaled_bias_hh = None if bias_hh is None else bias_hh * activations.scale
+        # h @ W_hn.T + b_hn of every step
+        self.cell_saved = (_pool.take(x, (directions, steps, batch, size), x.dtype),)
+        scaled_bias_ih = None if bias_ih is None else bias_ih * activations.scale
+        return activations.scaled_transposed(weight_ih), scaled_bias_ih
+
+    def _steps(self, part, gates, hiddens) -> None:
+        _gru_steps(
+            gates,
+            hiddens,
+            self.cell_saved[0][part],
+            self.scaled_weight_hh[part],
+            _part(self.scaled_bias_hh, part),
+            self.activations,
+        )
+
+    def _steps_backward(
+        self,
+        part,
+        grad_steps,
+        grad_hidden,
+        gates,
+        hiddens,
+        weight_hh,
+        grad_gates,
+        grad_hidden_gates,
+    ) -> None:
+        _gru_steps_backward(
+            grad_steps,
+            grad_hidden,
+            gates,
+            hiddens,
+            self.cell_saved[0][part],
+            weight_hh,
+            grad_gates,
+            grad_hidden_gates,
+        )
+
+
+class RNNSequence(_ProjectedSequence):
+    """One Elman RNN layer over a sequence (``_ProjectedSequence`` with ``G = H``)::
+
+        h_t = nonlinearity(x_t @ W_ih.T + b_ih + h_{t-1} @ W_hh.T + b_hh)
+
+    with ``nonlinearity`` ``"tanh"`` or ``"relu"``. Both derivatives are read from ``h_t``
+    (``1 - h_t**2``; ``h_t > 0``, PyTorch's choice of 0 at 0), so nothing but the hidden
+    states is kept for the backward; the input and hidden projections share their gate
+    gradients.
+    """
+
+    separate_hidden_gates = False
+    nonlinearities = ("tanh", "relu")
+
+    def _prepare(self, x, weight_ih, weight_hh, bias_ih, bias_hh, steps, batch, nonlinearity):
+        if nonlinearity not in self.nonlinearities:
+            raise ValueError(
+                f"RNNSequence: nonlinearity must be one of {self.nonlinearities}, "
+                f"got {nonlinearity!r}"
+            )
+        xp = backend.array_module(x)
+        self.nonlinearity = nonlinearity
+        self.weight_hh_t = xp.ascontiguousarray(xp.swapaxes(weight_hh, 1, 2))
+        # Both biases enter every step alike: added once, in the input projection.
+        bias = None if bias_ih is None else bias_ih + bias_hh
+        return xp.ascontiguousarray(xp.swapaxes(weight_ih, 1, 2)), bias
+
+    def _steps(self, part, gates, hiddens) -> None:
+        xp = backend.array_module(gates)
+        weight_hh_t = self.weight_hh_t[part]
+        pre_activation = xp.empty(hiddens.shape[:1] + hiddens.shape[2:], dtype=gates.dtype)
+        for t in range(gates.shape[1]):
+            xp.matmul(hiddens[:, t], weight_hh_t, out=pre_activation)
+            pre_activation += gates[:, t]
+            if self.nonlinearity == "tanh":
+                xp.tanh(pre_activation, out=hiddens[:, t + 1])
+            else:
+                xp.maximum(pre_activation, 0, out=hiddens[:, t + 1])
+
+    def _steps_backward(
+        self,
+        part,
+        grad_steps,
+        grad_hidden,
+        gates,
+        hiddens,
+        weight_hh,
+        grad_gates,
+        grad_hidden_gates,
+    ) -> None:
+        xp = backend.array_module(gates)
+        for t in reversed(range(gates.shape[1])):
+            grad_hidden += grad_steps[:, t]
+            hidden, grad_step = hiddens[:, t + 1], grad_gates[:, t]
+            if self.nonlinearity == "tanh":
+                xp.multiply(hidden, hidden, out=grad_step)
+                xp.subtract(1, grad_step, out=grad_step)
+                grad_step *= grad_hidden
+            else:
+                xp.multiply(grad_hidden, hidden > 0, out=grad_step)
+            xp.matmul(grad_step, weight_hh, out=grad_hidden)
 
 
 def _gru_steps(gates, hiddens, hidden_candidates, scaled_weight_hh, scaled_bias_hh, activations):

@@ -1,4 +1,4 @@
-"""Recurrent layers: ``LSTM`` and ``GRU`` (BigDL's ``Recurrent().add(LSTM(...))``).
+"""Recurrent layers: ``LSTM``, ``GRU`` and ``RNN`` (BigDL's ``Recurrent().add(LSTM(...))``).
 
 Each layer runs a whole (multi-layer) sequence. Parameter names, shapes, gate order and the
 default initialisation are PyTorch's, so a PyTorch ``state_dict`` loads as is::
@@ -20,18 +20,19 @@ from typing import Any
 from bigdl_py.autograd import ops
 from bigdl_py.autograd.tensor import Tensor
 from bigdl_py.nn import init
-from bigdl_py.nn._recurrent_functions import GRUSequence, LSTMSequence
+from bigdl_py.nn._recurrent_functions import GRUSequence, LSTMSequence, RNNSequence
 from bigdl_py.nn.layers._arguments import check_flag, check_positive_int, check_probability
 from bigdl_py.nn.layers._base import empty_parameter, parameter_dtype
 from bigdl_py.nn.module import Module
 
-__all__ = ["GRU", "LSTM"]
+__all__ = ["GRU", "LSTM", "RNN"]
 
 
 class _Recurrent(Module):
-    """What LSTM and GRU share: parameters, checks, the loop over layers."""
+    """What LSTM, GRU and RNN share: parameters, checks, the loop over layers."""
 
-    _gate_count = 0  # gates stacked in each weight: 4 for LSTM, 3 for GRU
+    _gate_count = 0  # gates stacked in each weight: 4 for LSTM, 3 for GRU, 1 for RNN
+    _sequence_function: Any = None  # the fused Function that runs one layer
 
     def __init__(
         self,
@@ -189,7 +190,20 @@ class _Recurrent(Module):
         return sequence, final_states
 
     def _recur(self, x, weight_ih, weight_hh, states, biases) -> Tensor:
-        raise NotImplementedError  # pragma: no cover - each subclass has its recurrence
+        """One layer, both directions, as one node of the graph."""
+        return self._sequence_function.apply(
+            x,
+            weight_ih,
+            weight_hh,
+            *states,
+            *biases,
+            batch_first=self.batch_first,
+            **self._cell_options(),
+        )
+
+    def _cell_options(self) -> dict:
+        """Settings of the cell passed to ``_sequence_function`` (the RNN's nonlinearity)."""
+        return {}
 
     def extra_repr(self) -> str:
         text = f"{self.input_size}, {self.hidden_size}"
@@ -247,6 +261,7 @@ class LSTM(_Recurrent):
     """
 
     _gate_count = 4
+    _sequence_function = LSTMSequence
 
     def __init__(
         self,
@@ -298,13 +313,39 @@ class LSTM(_Recurrent):
         output, finals = self._run_layers(x, initial)
         return output, (_join_layers([h for h, _ in finals]), _join_layers([c for _, c in finals]))
 
-    def _recur(self, x, weight_ih, weight_hh, states, biases):
-        return LSTMSequence.apply(
-            x, weight_ih, weight_hh, *states, *biases, batch_first=self.batch_first
-        )
+
+class _HiddenStateRecurrent(_Recurrent):
+    """GRU and RNN: layers whose only state is the hidden state."""
+
+    def forward(self, input, hx=None):  # noqa: A002 - PyTorch's argument name
+        """Run the sequence.
+
+        Parameters
+        ----------
+        input : Tensor
+            ``(T, N, input_size)`` (``(N, T, input_size)`` when ``batch_first=True``).
+        hx : Tensor, optional
+            Initial hidden state ``(num_layers * D, N, hidden_size)``; zeros if omitted.
+
+        Returns
+        -------
+        output : Tensor
+            The last layer's hidden state at every step, ``(T, N, D * H)`` (or
+            ``(N, T, D * H)``).
+        h_n : Tensor
+            The final hidden state of every layer and direction, ``(num_layers * D, N, H)``,
+            ordered as for :class:`LSTM` (layer 0 forward, layer 0 reverse, layer 1 forward,
+            ...).
+        """
+        x = self._checked_input(input)
+        batch = x.shape[0] if self.batch_first else x.shape[1]
+        hidden = None if hx is None else self._checked_state(hx, "hidden state h_0", batch)
+        initial = [(h0,) for h0 in self._per_layer(hidden, x, batch)]
+        output, finals = self._run_layers(x, initial)
+        return output, _join_layers([h for (h,) in finals])
 
 
-class GRU(_Recurrent):
+class GRU(_HiddenStateRecurrent):
     """Multi-layer gated recurrent unit over a sequence (PyTorch's ``nn.GRU``).
 
     For each step, with ``x`` the layer's input and ``h`` the previous hidden state::
@@ -327,6 +368,7 @@ class GRU(_Recurrent):
     """
 
     _gate_count = 3
+    _sequence_function = GRUSequence
 
     def __init__(
         self,
@@ -343,36 +385,61 @@ class GRU(_Recurrent):
             input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional, dtype
         )
 
-    def forward(self, input, hx=None):  # noqa: A002 - PyTorch's argument name
-        """Run the sequence.
 
-        Parameters
-        ----------
-        input : Tensor
-            ``(T, N, input_size)`` (``(N, T, input_size)`` when ``batch_first=True``).
-        hx : Tensor, optional
-            Initial hidden state ``(num_layers * D, N, hidden_size)``; zeros if omitted.
+class RNN(_HiddenStateRecurrent):
+    """Multi-layer Elman recurrent network over a sequence (PyTorch's ``nn.RNN``).
 
-        Returns
-        -------
-        output : Tensor
-            The last layer's hidden state at every step, ``(T, N, D * H)`` (or
-            ``(N, T, D * H)``).
-        h_n : Tensor
-            The final hidden state of every layer and direction, ``(num_layers * D, N, H)``,
-            ordered as for :class:`LSTM`.
-        """
-        x = self._checked_input(input)
-        batch = x.shape[0] if self.batch_first else x.shape[1]
-        hidden = None if hx is None else self._checked_state(hx, "hidden state h_0", batch)
-        initial = [(h0,) for h0 in self._per_layer(hidden, x, batch)]
-        output, finals = self._run_layers(x, initial)
-        return output, _join_layers([h for (h,) in finals])
+    For each step, with ``x`` the layer's input and ``h`` the previous hidden state::
 
-    def _recur(self, x, weight_ih, weight_hh, states, biases):
-        return GRUSequence.apply(
-            x, weight_ih, weight_hh, *states, *biases, batch_first=self.batch_first
+        h = nonlinearity(x @ W_ih.T + b_ih + h @ W_hh.T + b_hh)
+
+    Parameters
+    ----------
+    input_size, hidden_size, num_layers
+        As for :class:`LSTM`.
+    nonlinearity : {"tanh", "relu"}
+        The activation of each step (default ``"tanh"``).
+    bias, batch_first, dropout, bidirectional, dtype
+        As for :class:`LSTM` (``batch_first=False`` by default: ``(T, N, F)``, PyTorch's).
+
+    Notes
+    -----
+    Parameters as for :class:`LSTM` with ``H`` rows: ``weight_ih_l{k}`` ``(H, in)``,
+    ``weight_hh_l{k}`` ``(H, H)``, ``bias_ih_l{k}`` and ``bias_hh_l{k}`` ``(H,)`` (suffix
+    ``_reverse`` for the reverse direction), initialised from ``U(-1/sqrt(H), 1/sqrt(H))``,
+    PyTorch's names and order, so a PyTorch ``nn.RNN``'s weights copy over by name. The
+    arguments are in PyTorch's order too: ``nonlinearity`` comes fourth, before ``bias``.
+    """
+
+    _gate_count = 1
+    _sequence_function = RNNSequence
+
+    def __init__(
+        self,
+        input_size: int,
+        hidden_size: int,
+        num_layers: int = 1,
+        nonlinearity: str = "tanh",
+        bias: bool = True,
+        batch_first: bool = False,
+        dropout: float = 0.0,
+        bidirectional: bool = False,
+        dtype: Any = None,
+    ):
+        choices = RNNSequence.nonlinearities
+        if not isinstance(nonlinearity, str) or nonlinearity not in choices:
+            raise ValueError(f"RNN: nonlinearity must be one of {choices}, got {nonlinearity!r}")
+        super().__init__(
+            input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional, dtype
         )
+        self.nonlinearity = nonlinearity
+
+    def _cell_options(self) -> dict:
+        return {"nonlinearity": self.nonlinearity}
+
+    def extra_repr(self) -> str:
+        text = super().extra_repr()
+        return text if self.nonlinearity == "tanh" else f"{text}, nonlinearity='relu'"
 
 
 def _join_layers(states: list) -> Tensor:

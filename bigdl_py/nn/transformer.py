@@ -21,7 +21,7 @@ from bigdl_py.nn.layers._arguments import (
     check_probability,
     check_real,
 )
-from bigdl_py.nn.layers._base import deep_copies
+from bigdl_py.nn.layers._base import check_floating_input, deep_copies
 from bigdl_py.nn.layers.dropout import Dropout
 from bigdl_py.nn.layers.linear import Linear
 from bigdl_py.nn.layers.normalization import LayerNorm
@@ -125,6 +125,7 @@ class TransformerEncoderLayer(Module):
         Tensor
             Shaped like ``src``.
         """
+        check_floating_input(self, src)  # else the error would name an inner layer
         x = src
         if self.norm_first:
             x = x + self._attention_block(self.norm1(x), src_mask, src_key_padding_mask, is_causal)

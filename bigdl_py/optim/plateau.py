@@ -18,10 +18,16 @@ class Plateau(Schedule):
     not count as bad. The rate never goes below ``min_lr``:
     ``lr = min(base_lr, max(base_lr * factor ** cuts, min_lr))``.
 
+    Trained by an optimizer, the metric is the validation *score*: the value of the first
+    method given to ``set_validation``.
+
     Parameters
     ----------
-    mode : {'min', 'max'}
-        Whether a smaller (loss) or larger (accuracy) metric is better.
+    mode : {'min', 'max'}, optional
+        Whether a smaller (loss) or larger (accuracy) metric is better. By default it follows
+        the score's validation method (its ``higher_is_better``), set when training starts,
+        as for ``EarlyStopping``; a mode that contradicts that method is refused then. A
+        Plateau fed by hand (:meth:`observe`) needs a mode given.
     factor : float
         Multiplier applied at each cut, in ``(0, 1)``.
     patience : int
@@ -41,7 +47,7 @@ class Plateau(Schedule):
 
     def __init__(
         self,
-        mode: str = "min",
+        mode: str | None = None,
         factor: float = 0.1,
         patience: int = 10,
         threshold: float = 1e-4,
@@ -50,8 +56,8 @@ class Plateau(Schedule):
         min_lr: float = 0.0,
         eps: float = 1e-8,
     ):
-        if mode not in ("min", "max"):
-            raise ValueError(f"Plateau: mode must be 'min' or 'max', got {mode!r}")
+        if mode not in (None, "min", "max"):
+            raise ValueError(f"Plateau: mode must be 'min', 'max' or None, got {mode!r}")
         if threshold_mode not in ("rel", "abs"):
             raise ValueError(
                 f"Plateau: threshold_mode must be 'rel' or 'abs', got {threshold_mode!r}"
@@ -78,15 +84,34 @@ class Plateau(Schedule):
         self._reset()
 
     def _reset(self) -> None:
-        self.best = math.inf if self.mode == "min" else -math.inf
+        # Placeholder "nothing seen yet" until an undecided mode is known (``follow_mode``).
+        self.best = -math.inf if self.mode == "max" else math.inf
         self.bad_observations = 0
         self.cooldown_left = 0
         self.scale = 1.0
+
+    def metric_schedules(self) -> list[Schedule]:
+        return [self]
+
+    def follow_mode(self, mode: str) -> None:
+        """Take the mode the training loop derived from the score's validation method
+        (``bigdl_py.train.metrics.watching_mode``, which refuses a contradicting one)."""
+        if mode not in ("min", "max"):
+            raise ValueError(f"Plateau: mode must be 'min' or 'max', got {mode!r}")
+        if self.mode is None and math.isinf(self.best):  # nothing observed yet
+            self.best = math.inf if mode == "min" else -math.inf
+        self.mode = mode
 
     def learning_rate(self, base_lr: float, iteration: int, epoch: int) -> float:
         return min(base_lr, max(base_lr * self.scale, self.min_lr))
 
     def _improves(self, metric: float) -> bool:
+        if self.mode is None:
+            raise ValueError(
+                "Plateau: the direction of the metric is not known: pass mode='min' (lower is "
+                "better) or mode='max', or train with set_validation, whose first validation "
+                "method gives it"
+            )
         # torch's comparisons exactly, including its relative threshold on a negative best.
         if math.isinf(self.best):
             return metric < self.best if self.mode == "min" else metric > self.best

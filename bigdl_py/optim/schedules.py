@@ -45,6 +45,11 @@ class Schedule:
         ``base_lr`` is the optimizer's base rate, for schedules whose decisions depend on it.
         """
 
+    def metric_schedules(self) -> list[Schedule]:
+        """The schedules in this one that watch a validation metric (``Plateau``): the
+        training loop gives each the metric's direction before training."""
+        return []
+
     def state_dict(self) -> dict:
         """What the schedule learned while training (empty for pure schedules)."""
         return {}
@@ -280,6 +285,9 @@ class Warmup(Schedule):
 
     def observe(self, metric: float, base_lr: float | None = None) -> None:
         self.then.observe(metric, base_lr)
+
+    def metric_schedules(self) -> list[Schedule]:
+        return self.then.metric_schedules()
 
     def state_dict(self) -> dict:
         return {f"then.{key}": value for key, value in self.then.state_dict().items()}

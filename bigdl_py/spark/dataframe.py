@@ -501,35 +501,31 @@ class _LabelRule:
                 yield MiniBatch(features, self.labels(labels, partition))
 
     def records(self, partition: int, rows: Iterator[Any]) -> Iterator[Any]:
-        """RDD records with their labels as class indices (same record types out)."""
+        """RDD records with their labels as class indices (MiniBatches stay MiniBatches,
+        the others become Samples)."""
         from bigdl_py.data import MiniBatch, Sample
+        from bigdl_py.data.records import labelled_record
 
-        for row in rows:
-            if isinstance(row, MiniBatch):
-                yield MiniBatch(row.features, self.labels(row.labels, partition))
-            elif isinstance(row, Sample):
-                yield Sample(row.features, self.labels(row.label, partition))
+        for position, row in enumerate(rows):
+            record = labelled_record(row, f"partition {partition}, record {position}")
+            if isinstance(record, MiniBatch):
+                yield MiniBatch(record.features, self.labels(record.labels, partition))
             else:
-                yield (row[0], self.labels(row[1], partition))
+                yield Sample(record.features, self.labels(record.label, partition))
 
 
 def _survey(partition: int, rows: Iterator[Any]) -> Iterator[tuple[int, Any]]:
     """One partition's sample count and first sample's features; refuses unknown records."""
-    from bigdl_py.data import MiniBatch, Sample
+    from bigdl_py.data import MiniBatch
+    from bigdl_py.data.records import labelled_record
 
     size, first = 0, None
     for position, row in enumerate(rows):
-        if isinstance(row, MiniBatch):
-            count, features = len(row.labels), tuple(array[0] for array in row.features)
-        elif isinstance(row, Sample):
-            count, features = 1, row.features
-        elif isinstance(row, tuple) and len(row) == 2:
-            count, features = 1, Sample(row[0], row[1]).features
+        record = labelled_record(row, f"partition {partition}, record {position}", "training")
+        if isinstance(record, MiniBatch):
+            count, features = record.size, tuple(array[0] for array in record.features)
         else:
-            raise TypeError(
-                f"partition {partition}, record {position}: training records must be Samples, "
-                f"(features, label) pairs or MiniBatches, got {type(row).__name__}"
-            )
+            count, features = 1, record.features
         if first is None and count:
             first = features
         size += count

@@ -41,6 +41,7 @@ from bigdl_py.autograd.grad_mode import no_grad
 from bigdl_py.autograd.tensor import Tensor
 from bigdl_py.data import MiniBatch, Sample, table_to_arrays
 from bigdl_py.data.arrow_tables import ColumnSpec, ShapeSpec
+from bigdl_py.data.records import labelled_batches
 from bigdl_py.nn import LogSoftmax, Module, Sequential, Sigmoid, Softmax
 from bigdl_py.spark import worker
 from bigdl_py.spark.arrow_features import feature_batch, first_null, nonfinite_columns
@@ -591,12 +592,9 @@ def _finite_batches(batches: Iterable[MiniBatch]) -> Iterator[MiniBatch]:
         yield batch
 
 
-def _sample_batches(records: Iterator, batch_size: int) -> Iterator[MiniBatch]:
-    while True:
-        samples = list(itertools.islice(records, batch_size))
-        if not samples:
-            return
-        yield MiniBatch.from_samples(samples)
+def _record_batches(records: Iterator, batch_size: int) -> Iterator[MiniBatch]:
+    """An RDD partition's records, of every kind training takes, as batches."""
+    return labelled_batches(records, batch_size, f"partition {_partition_id()}", "validation")
 
 
 def _block_batches(blocks: Iterator, batch_size: int) -> Iterator[MiniBatch]:
@@ -626,8 +624,9 @@ def evaluate(
     Parameters
     ----------
     model : bigdl_py.nn.Module
-    data : pyspark.RDD of Sample, or pyspark.sql.DataFrame
-        Samples need labels; a DataFrame needs ``feature_cols`` and ``label_col``.
+    data : pyspark.RDD or pyspark.sql.DataFrame
+        An RDD of what training takes (Samples, ``(features, label)`` pairs or
+        MiniBatches), with labels; a DataFrame needs ``feature_cols`` and ``label_col``.
     methods : ValidationMethod, criterion Module, or a list of them
         E.g. ``[Top1Accuracy(), Loss(nn.CrossEntropyLoss())]``; a bare criterion means
         ``Loss(criterion)``.
@@ -655,7 +654,7 @@ def evaluate(
         )
         to_batches = _block_batches
     else:
-        source, to_batches = data, _sample_batches
+        source, to_batches = data, _record_batches
     shipped = _ShippedModel(sc, model)
 
     def partition_results(items):

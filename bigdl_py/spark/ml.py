@@ -398,7 +398,7 @@ class NNEstimator(Estimator, NNEstimatorParams, _NNStage, MLReadable):
         ``val_df`` needs the columns this stage reads; inside a Pipeline that is the output
         of the stages before this one (``val_df`` does not pass through them).
         """
-        check_trigger(trigger, "validation trigger")
+        check_trigger(trigger, "validation trigger", starts_validation=True)
         self._validation = (trigger, val_df, val_method, batch_size)
         return self
 

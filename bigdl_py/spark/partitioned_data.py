@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from bigdl_py.data import ArrayDataset, MiniBatch
+from bigdl_py.data.records import labelled_record
 from bigdl_py.data.sample import Sample, split_bounds
 from bigdl_py.spark import worker
 from bigdl_py.spark.batch_plan import PartitionedBatchPlan
@@ -192,22 +193,14 @@ def stack_partition(partition: int, rows) -> tuple[tuple, np.ndarray]:
             label_blocks.append(np.asarray(batch.labels))
             pending.clear()
 
-    for row in rows:
-        if isinstance(row, MiniBatch):
+    for position, row in enumerate(rows):
+        record = labelled_record(row, f"partition {partition}, record {position}", "training")
+        if isinstance(record, MiniBatch):
             flush()
-            if row.labels is None:
-                raise ValueError(f"partition {partition}: a training MiniBatch has no labels")
-            feature_blocks.append(list(row.features))
-            label_blocks.append(np.asarray(row.labels))
-        elif isinstance(row, Sample):
-            pending.append(row)
-        elif isinstance(row, tuple) and len(row) == 2:
-            pending.append(Sample(row[0], row[1]))
+            feature_blocks.append(list(record.features))
+            label_blocks.append(np.asarray(record.labels))
         else:
-            raise TypeError(
-                f"partition {partition}: training data rows must be Samples, (features, label) "
-                f"pairs or MiniBatches, got {type(row).__name__}"
-            )
+            pending.append(record)
     flush()
     if not feature_blocks:
         return (), np.zeros(0, dtype=np.int64)

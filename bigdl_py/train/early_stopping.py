@@ -22,7 +22,13 @@ import math
 import numbers
 from collections.abc import Sequence
 
-from bigdl_py.train.metrics import ValidationMethod, ValidationResult, own_method_class
+from bigdl_py.train.metrics import (
+    ValidationMethod,
+    ValidationResult,
+    describe_method,
+    own_method_class,
+    watching_mode,
+)
 from bigdl_py.train.triggers import TrainingState, Trigger, leaf_triggers
 
 _MODES = ("min", "max")
@@ -67,6 +73,7 @@ class EarlyStopping(Trigger):
 
     predictable = True  # it reads only what validation changes
     end_only = True  # its record of validations is kept for the end trigger alone
+    reads_validation = True
 
     def __init__(
         self,
@@ -96,7 +103,9 @@ class EarlyStopping(Trigger):
         self.restore_best = bool(restore_best)
         own = own_method_class(metric)
         if own is not None:
-            self._follow(own.higher_is_better, f"bigdl_py's {metric}")
+            self.mode = watching_mode(
+                "EarlyStopping", mode, metric, own.higher_is_better, f"bigdl_py's {metric}"
+            )
 
     def check_direction(self, method: ValidationMethod) -> None:
         """Take the mode from ``method`` (the one computing :attr:`metric`), or check it.
@@ -107,28 +116,13 @@ class EarlyStopping(Trigger):
             When the mode contradicts the method's declared direction, or when neither
             the mode nor the method's ``higher_is_better`` says which way is better.
         """
-        if method.higher_is_better is None:
-            if self.mode is None:
-                raise ValueError(
-                    f"EarlyStopping: the validation method {method!r} "
-                    f"({type(method).__qualname__}) declares no direction "
-                    "(its higher_is_better is None): pass mode='max' if higher values are "
-                    "better or mode='min' if lower ones are, or set higher_is_better on the class"
-                )
-            return
-        self._follow(method.higher_is_better, f"{method!r} ({type(method).__qualname__})")
-
-    def _follow(self, higher_is_better: bool, source: str) -> None:
-        """Set the mode to the metric's direction, refusing a mode that contradicts it."""
-        direction = "max" if higher_is_better else "min"
-        if self.mode is not None and self.mode != direction:
-            better = "higher" if higher_is_better else "lower"
-            raise ValueError(
-                f"EarlyStopping: mode={self.mode!r} contradicts the metric {self.metric!r}: "
-                f"{source} is better when {better} (mode={direction!r}); leave mode out to "
-                "follow the metric"
-            )
-        self.mode = direction
+        self.mode = watching_mode(
+            "EarlyStopping",
+            self.mode,
+            self.metric,
+            method.higher_is_better,
+            describe_method(method),
+        )
 
     def __call__(self, state: TrainingState) -> bool:
         return state.validations_since_best >= self.patience

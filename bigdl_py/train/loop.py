@@ -49,6 +49,7 @@ from bigdl_py.train.runner import (
 )
 from bigdl_py.train.summary import TrainSummary, ValidationSummary
 from bigdl_py.train.triggers import TrainingState, Trigger, check_trigger
+from bigdl_py.train.validation_watchers import check_validation_watchers
 
 logger = logging.getLogger("bigdl_py.train")
 
@@ -214,7 +215,7 @@ class BaseOptimizer:
         without a criterion uses the training criterion. ``batch_size`` defaults to the
         training batch size.
         """
-        trigger = check_trigger(trigger, "validation trigger")
+        trigger = check_trigger(trigger, "validation trigger", starts_validation=True)
         dataset = self._as_validation_set(dataset)
         if len(dataset) == 0:
             raise ValueError("the validation set is empty")
@@ -327,7 +328,7 @@ class BaseOptimizer:
         """
         if self.end_trigger is None:
             raise ValueError("no end trigger: pass end_trigger= or call set_end_when(MaxEpoch(n))")
-        self._check_early_stopping()
+        self._check_validation_watchers()
         setup = TrainingSetup(
             self.model,
             self.criterion,
@@ -402,17 +403,20 @@ class BaseOptimizer:
     def _early_stopping(self) -> EarlyStopping | None:
         return find_early_stopping(self.end_trigger)
 
-    def _check_early_stopping(self) -> None:
-        """Refuse an EarlyStopping that could never fire, before any work."""
+    def _check_validation_watchers(self) -> None:
+        """Refuse, before any work, a trigger or schedule that watches validation results
+        it could never see or would read the wrong way round (``validation_watchers``)."""
+        triggers = {"end trigger": self.end_trigger}
+        if self._checkpoint is not None:
+            triggers["checkpoint trigger"] = self._checkpoint.trigger
+        if self.train_summary is not None:
+            for name, trigger in self.train_summary.summary_triggers().items():
+                triggers[f"summary trigger of {name!r}"] = trigger
+        methods = None if self._validation is None else self._validation.methods
+        check_validation_watchers(triggers, self.optim_method.schedule, methods)
         stopper = self._early_stopping()
         if stopper is None:
             return
-        if self._validation is None:
-            raise ValueError(
-                f"the end trigger holds {stopper!r}, which needs validation results: call "
-                f"set_validation(EveryEpoch(), validation_set, [Loss(), ...]) with a "
-                f"{stopper.metric!r} validation method"
-            )
         names = [method.name for method in self._validation.methods]
         if stopper.metric not in names:
             raise ValueError(

@@ -97,9 +97,10 @@ class ValidationMethod:
     ----------
     higher_is_better : bool or None
         The metric's direction of improvement, declared by each method class (accuracies:
-        True; losses and errors: False). ``EarlyStopping`` takes its mode from it. None (the
-        base class's value) means undeclared: a method of your own should set it, or
-        ``EarlyStopping`` on it needs an explicit ``mode``.
+        True; losses and errors: False). ``EarlyStopping`` and the ``Plateau`` schedule take
+        their mode from it (:func:`watching_mode`). None (the base class's value) means
+        undeclared: a method of your own should set it, or those watching it need an
+        explicit ``mode``.
     """
 
     higher_is_better: bool | None = None
@@ -337,6 +338,56 @@ def own_method_class(name: str) -> type[ValidationMethod] | None:
     if _TOP_K_NAME.fullmatch(name):
         return TopKAccuracy
     return {"Loss": Loss, "MAE": MAE}.get(name)
+
+
+def watching_mode(
+    watcher: str, mode: str | None, metric: str, higher_is_better: bool | None, source: str
+) -> str:
+    """The mode (``"min"`` or ``"max"``) in which ``watcher`` must watch ``metric``.
+
+    One rule for every watcher of a validation metric (``EarlyStopping``, ``Plateau``): the
+    mode is the metric's declared direction, a mode given that contradicts it is refused,
+    and a metric that declares none needs a mode given.
+
+    Parameters
+    ----------
+    watcher : str
+        Who watches, for the message (``"EarlyStopping"``).
+    mode : {"min", "max"} or None
+        The mode the user gave (None: follow the metric).
+    metric : str
+        The metric's name.
+    higher_is_better : bool or None
+        The direction its validation method declares (None: undeclared).
+    source : str
+        Where the direction comes from, for the message (``"Top1Accuracy() (Top1Accuracy)"``).
+
+    Raises
+    ------
+    ValueError
+        When ``mode`` contradicts the declared direction, or neither says which way is better.
+    """
+    if higher_is_better is None:
+        if mode is None:
+            raise ValueError(
+                f"{watcher}: the validation method {source} declares no direction (its "
+                "higher_is_better is None): pass mode='max' if higher values are better or "
+                "mode='min' if lower ones are, or set higher_is_better on the class"
+            )
+        return mode
+    direction = "max" if higher_is_better else "min"
+    if mode is not None and mode != direction:
+        better = "higher" if higher_is_better else "lower"
+        raise ValueError(
+            f"{watcher}: mode={mode!r} contradicts the metric {metric!r}: {source} is better "
+            f"when {better} (mode={direction!r}); leave mode out to follow the metric"
+        )
+    return direction
+
+
+def describe_method(method: ValidationMethod) -> str:
+    """``method`` and its class, for messages: ``"Top1Accuracy() (Top1Accuracy)"``."""
+    return f"{method!r} ({type(method).__qualname__})"
 
 
 def check_methods(methods: Any) -> list[ValidationMethod]:

@@ -202,6 +202,10 @@ class TrainSummary(Summary):
     def get_summary_trigger(self, name: str) -> Trigger | None:
         return self._triggers.get(name)
 
+    def summary_triggers(self) -> dict[str, Trigger | None]:
+        """Every summary's trigger by name (None: not recorded)."""
+        return dict(self._triggers)
+
 
 class ValidationSummary(Summary):
     """Validation curves: one scalar per validation method, each time validation runs."""

@@ -102,10 +102,16 @@ class Trigger:
 
     ``end_only`` marks a trigger that means something only as (part of) the end trigger
     (``EarlyStopping``); :func:`check_trigger` refuses it anywhere else.
+
+    ``reads_validation`` marks a trigger that fires on validation results (``MaxScore``,
+    ``EarlyStopping``): it cannot start a validation (before one it never fires, so none
+    would run), so :func:`check_trigger` refuses it in a validation trigger, and the training
+    loop refuses it elsewhere when no validation is set.
     """
 
     predictable: bool = False
     end_only: bool = False
+    reads_validation: bool = False
 
     def __call__(self, state: TrainingState) -> bool:
         raise NotImplementedError(f"{type(self).__name__} does not implement __call__")
@@ -194,9 +200,15 @@ class MinLoss(Trigger):
 
 
 class MaxScore(Trigger):
-    """Fires once the last validation score (first validation method) exceeds ``max_score``."""
+    """Fires once the last validation score (first validation method) exceeds ``max_score``.
+
+    An end (or checkpoint, or summary) trigger: it needs ``set_validation``, whose first
+    method must be one where higher is better (an accuracy); as a validation trigger it is
+    refused, since it could never fire before the first validation.
+    """
 
     predictable = True
+    reads_validation = True
 
     def __init__(self, max_score: float):
         self.max_score = float(max_score)
@@ -250,15 +262,21 @@ def leaf_triggers(trigger: Trigger) -> list[Trigger]:
     return leaves
 
 
-def check_trigger(trigger, what: str, *, end: bool = False) -> Trigger:
+def check_trigger(
+    trigger, what: str, *, end: bool = False, starts_validation: bool = False
+) -> Trigger:
     """Return ``trigger``, or raise an error naming the setting it was given for.
+
+    ``end`` says it is the end trigger; ``starts_validation`` that it is a validation
+    trigger.
 
     Raises
     ------
     TypeError
         When ``trigger`` is not a Trigger.
     ValueError
-        When it holds an end-only trigger (``EarlyStopping``) and ``end`` is False.
+        When it holds an end-only trigger (``EarlyStopping``) and ``end`` is False, or a
+        trigger that reads validation results (``MaxScore``) and ``starts_validation``.
     """
     if not isinstance(trigger, Trigger):
         raise TypeError(
@@ -272,5 +290,13 @@ def check_trigger(trigger, what: str, *, end: bool = False) -> Trigger:
                     f"{what} holds {leaf!r}, which can only end training (it would never "
                     f"fire here): pass it to set_end_when, e.g. MaxEpoch(50) | {leaf!r}, and "
                     f"use a trigger such as EveryEpoch() or SeveralIteration(n) as the {what}"
+                )
+    if starts_validation:
+        for leaf in leaf_triggers(trigger):
+            if leaf.reads_validation:
+                raise ValueError(
+                    f"{what} holds {leaf!r}, which fires on validation results, so it cannot "
+                    "start a validation (before the first one it never fires): use EveryEpoch() "
+                    f"or SeveralIteration(n) as the {what}, and {leaf!r} in set_end_when"
                 )
     return trigger

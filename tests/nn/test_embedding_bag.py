@@ -9,10 +9,10 @@ per-sample weights in float64 to 1e-5 relative.
 from __future__ import annotations
 
 import contextlib
-import tracemalloc
 
 import numpy as np
 import pytest
+from memory_checks import traced_peak
 
 from bigdl_py import backend, nn
 from bigdl_py.autograd import Tensor, gradcheck
@@ -151,15 +151,11 @@ def test_max_of_one_long_bag_among_short_ones_needs_memory_of_the_indices_only()
     indices = np.random.default_rng(0).integers(0, 50, int(sizes.sum()))
     offsets = np.r_[0, np.cumsum(sizes)[:-1]]
     layer = nn.EmbeddingBag(50, 8, mode="max")
-    tracemalloc.start()
-    try:
+    with traced_peak() as peak:
         output = layer(indices, offsets)
         output.sum().backward()
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
     # Padded to the longest bag: 400 x 5000 x 8 float32 = 64 MB; the indices' rows: 0.2 MB.
-    assert peak < 8_000_000
+    assert peak["bytes"] < 8_000_000
     rows = layer.weight.numpy()[indices]
     np.testing.assert_array_equal(output.numpy()[200], rows[199:5199].max(axis=0))
     np.testing.assert_array_equal(output.numpy()[:199], rows[:199])
@@ -325,3 +321,14 @@ def test_bad_ids_and_offsets_on_a_device_are_reported_at_the_sync_point():
         layer(Tensor(FLAT, device="strict"), Tensor(np.array([0, 5, 3]), device="strict"))
         with pytest.raises(ValueError, match="never decrease"):
             device_waits.raise_deferred_checks()
+
+
+def test_integer_per_sample_weights_are_refused_naming_the_layer():
+    # PyTorch too wants the table's dtype; integer weights could not get a gradient either.
+    bag = nn.EmbeddingBag(10, 3, mode="sum")
+    indices = np.array([[1, 2]])
+    with pytest.raises(TypeError, match=r"EmbeddingBag\(.*per_sample_weights must be floating"):
+        bag(indices, per_sample_weights=np.array([[1, 2]]))
+    weighted = bag(indices, per_sample_weights=np.array([[1.0, 2.0]], dtype=np.float32))
+    expected = bag.weight.numpy()[1] + 2 * bag.weight.numpy()[2]
+    np.testing.assert_allclose(weighted.numpy()[0], expected, rtol=1e-6)

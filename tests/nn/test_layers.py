@@ -292,12 +292,16 @@ def test_dropout_gradient_uses_the_forward_mask():
         (nn.InstanceNorm2d(2), (4, 2, 3, 3)),
         (nn.GroupNorm(1, 2), (4, 2, 3, 3)),
         (nn.LayerNorm(3), (4, 2, 3)),
+        (nn.Linear(3, 2), (4, 3)),  # was quietly promoted to float64 (bool to float32)
+        (nn.PReLU(2), (4, 2)),  # the op's error named "prelu", not the layer
+        (nn.TransformerEncoderLayer(4, 2, 8), (3, 2, 4)),  # named its inner attention
     ],
     ids=lambda value: type(value).__name__ if isinstance(value, nn.Module) else None,
 )
 @pytest.mark.parametrize("dtype", [np.int64, np.uint8, np.bool_])
 def test_integer_input_is_a_type_error_naming_the_layer_and_the_dtype(layer, shape, dtype):
-    """Issue 27 item 20: it failed inside NumPy ('Cannot cast ufunc matmul output...')."""
+    """Issue 27 item 20: it failed inside NumPy ('Cannot cast ufunc matmul output...');
+    Linear gave float64 output."""
     name = type(layer).__name__
     with pytest.raises(TypeError, match=rf"{name}\(.*\): input must be floating point, got dtype"):
         layer(np.ones(shape, dtype=dtype))
@@ -318,3 +322,21 @@ def test_cumulative_batch_norm_on_a_device_reads_no_count_back():
             device(Tensor(batch, device="strict"))
     for name, value in host.state_dict().items():
         np.testing.assert_allclose(device.state_dict()[name], value, rtol=1e-5, err_msg=name)
+
+
+@pytest.mark.parametrize(
+    "layer, shape",
+    [
+        (nn.MultiheadAttention(4, 2), (3, 2, 4)),
+        (nn.LSTM(4, 3), (3, 2, 4)),
+        (nn.GRU(4, 3), (3, 2, 4)),
+        (nn.RNN(4, 3), (3, 2, 4)),
+    ],
+    ids=lambda value: type(value).__name__ if isinstance(value, nn.Module) else None,
+)
+def test_layers_that_want_their_parameters_dtype_refuse_integer_input_naming_both(layer, shape):
+    name = type(layer).__name__
+    with pytest.raises(TypeError, match=rf"{name}\(.*int64 differs from the parameters' float32"):
+        layer(
+            *[Tensor(np.ones(shape, dtype=np.int64))] * (3 if name == "MultiheadAttention" else 1)
+        )

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import test_layers_parity as parity
 from layer_checks import check_save_load_round_trip
+from memory_checks import traced_peak
 
 from bigdl_py import backend, nn
 from bigdl_py.autograd import Tensor, gradcheck, ops
@@ -233,6 +234,41 @@ def test_adaptive_pools_keep_float32():
 def test_shape_errors_name_the_layer_and_the_shape(layer, shape, message):
     with pytest.raises(ValueError, match=message):
         layer(Tensor(np.zeros(shape)))
+
+
+@pytest.mark.parametrize(
+    "layer",
+    [
+        nn.Upsample(scale_factor=1e12),  # 8e12 x 8e12 pixels: the element count overflows int64
+        nn.Upsample(scale_factor=1e12, mode="bilinear"),
+        nn.Upsample(scale_factor=(1.0, 1e9)),  # fits int64, not any machine's memory
+        nn.Upsample(size=(10**7, 10**7)),
+    ],
+    ids=["nearest", "bilinear", "one_axis", "size"],
+)
+def test_an_output_larger_than_memory_is_refused_before_allocating(layer):
+    x = Tensor(np.ones((1, 2, 8, 8), dtype=np.float32))
+    with traced_peak() as peak, pytest.raises(ValueError) as refused:
+        layer(x)
+    message = str(refused.value)
+    assert message.startswith(f"Upsample({layer.extra_repr()})")
+    assert "(input shape (1, 2, 8, 8))" in message
+    assert "requested output size (" in message and "bytes of memory of device cpu" in message
+    assert peak["bytes"] < 1_000_000
+
+
+def test_the_output_bound_is_the_devices_memory(monkeypatch):
+    """Not a limit of our own: an output is refused exactly when it cannot fit in memory."""
+    monkeypatch.setattr(backend, "memory_bytes", lambda where: 4 * 2 * 64 * 64)
+    x = Tensor(np.ones((1, 2, 8, 8), dtype=np.float32))
+    assert nn.Upsample(scale_factor=8)(x).shape == (1, 2, 64, 64)  # exactly fits
+    with pytest.raises(
+        ValueError, match=r"\(1, 2, 72, 72\) \(41,472 bytes\), more than the 32,768"
+    ):
+        nn.Upsample(scale_factor=9)(x)
+    # A path with resampling matrices counts them too.
+    with pytest.raises(ValueError, match=r"bytes with its resampling matrices\), more than"):
+        nn.Upsample(size=(64, 63))(x)
 
 
 @pytest.mark.parametrize(

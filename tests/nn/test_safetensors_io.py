@@ -271,7 +271,7 @@ def test_a_bidirectional_two_layer_lstm_loads_pytorch_weights(tmp_path, torch, r
     np.testing.assert_allclose(cell.numpy(), expected_cell.numpy(), rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("layer_name", ["LSTM", "GRU"])
+@pytest.mark.parametrize("layer_name", ["LSTM", "GRU", "RNN"])
 def test_recurrent_layers_built_with_defaults_read_pytorchs_time_major_input(
     tmp_path, torch, rng, layer_name
 ):
@@ -294,6 +294,23 @@ def test_recurrent_layers_built_with_defaults_read_pytorchs_time_major_input(
     expected_finals = expected_final if layer_name == "LSTM" else (expected_final,)
     for ours, theirs in zip(finals, expected_finals, strict=True):
         np.testing.assert_allclose(ours.numpy(), theirs.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_a_bidirectional_relu_rnn_loads_pytorch_weights(tmp_path, torch, rng):
+    torch.manual_seed(0)
+    settings = {"num_layers": 2, "nonlinearity": "relu", "bidirectional": True}
+    reference = torch.nn.RNN(5, 8, batch_first=True, **settings)
+    path = tmp_path / "rnn.safetensors"
+    save_torch_state(torch, reference, path)
+    model = nn.RNN(5, 8, batch_first=True, **settings)
+    assert list(model.state_dict()) == list(reference.state_dict())
+    nn.load_safetensors(model, path)
+    sequence = rng.normal(size=(3, 6, 5)).astype(np.float32)
+    output, hidden = model(Tensor(sequence))
+    with torch.no_grad():
+        expected, expected_hidden = reference(torch.from_numpy(sequence))
+    np.testing.assert_allclose(output.numpy(), expected.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(hidden.numpy(), expected_hidden.numpy(), rtol=1e-5, atol=1e-6)
 
 
 def test_a_transformer_encoder_loads_pytorch_weights(tmp_path, torch, rng):

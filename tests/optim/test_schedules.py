@@ -137,7 +137,7 @@ def test_plateau_matches_torch_reduce_on_plateau(options, torch, rng):
 
 
 def test_plateau_ignores_epochs_without_a_score():
-    method = SGD(lr=1.0, schedule=Plateau(patience=0, factor=0.5))
+    method = SGD(lr=1.0, schedule=Plateau(mode="min", patience=0, factor=0.5))
     method.on_epoch_end(1, validation_score=1.0)
     for epoch in range(2, 6):
         method.on_epoch_end(epoch)
@@ -148,10 +148,10 @@ def test_plateau_ignores_epochs_without_a_score():
 
 def test_plateau_state_round_trip_continues_exactly(rng):
     metrics = rng.normal(0, 1, 30)
-    original = Warmup(3, then=Plateau(patience=1, factor=0.5, cooldown=1))
+    original = Warmup(3, then=Plateau(mode="min", patience=1, factor=0.5, cooldown=1))
     for metric in metrics[:12]:
         original.observe(metric)
-    resumed = Warmup(3, then=Plateau(patience=1, factor=0.5, cooldown=1))
+    resumed = Warmup(3, then=Plateau(mode="min", patience=1, factor=0.5, cooldown=1))
     resumed.load_state_dict(original.state_dict())
     assert set(original.state_dict()) == {
         "then.best",
@@ -165,14 +165,37 @@ def test_plateau_state_round_trip_continues_exactly(rng):
         assert resumed.learning_rate(1.0, 10, 0) == original.learning_rate(1.0, 10, 0)
 
 
-def test_method_state_dict_carries_counters_and_schedule_state():
+def test_a_plateau_fed_by_hand_needs_a_mode():
+    """Without a mode it follows the validation score's method, which only training knows;
+    a metric fed by hand is refused rather than read as a loss."""
     method = SGD(lr=1.0, schedule=Plateau(patience=0, factor=0.5))
+    with pytest.raises(ValueError, match="direction of the metric is not known: pass mode="):
+        method.on_epoch_end(1, validation_score=0.5)
+
+
+@pytest.mark.parametrize(
+    "mode, scores, cut",
+    [("max", [0.5, 0.6, 0.7], False), ("min", [3, 2, 1], False), ("max", [0.7, 0.6, 0.5], True)],
+)
+def test_a_followed_mode_decides_what_improves(mode, scores, cut):
+    plateau = Plateau(patience=0, factor=0.5)
+    assert plateau.metric_schedules() == [plateau]
+    assert Warmup(2, then=plateau).metric_schedules() == [plateau]
+    assert Step(3, 0.5).metric_schedules() == []
+    plateau.follow_mode(mode)
+    for score in scores:
+        plateau.observe(score)
+    assert (plateau.learning_rate(1.0, 0, 0) < 1.0) is cut
+
+
+def test_method_state_dict_carries_counters_and_schedule_state():
+    method = SGD(lr=1.0, schedule=Plateau(mode="min", patience=0, factor=0.5))
     for epoch, score in enumerate([3.0, 4.0, 5.0], start=1):
         method.on_iteration_end(epoch * 10)
         method.on_epoch_end(epoch, validation_score=score)
     state = method.state_dict()
     assert (state["iteration"], state["epoch"], state["schedule.scale"]) == (30, 3, 0.25)
-    resumed = SGD(lr=1.0, schedule=Plateau(patience=0, factor=0.5))
+    resumed = SGD(lr=1.0, schedule=Plateau(mode="min", patience=0, factor=0.5))
     resumed.load_state_dict(state)
     assert resumed.current_learning_rate() == method.current_learning_rate() == 0.25
     with pytest.raises(ValueError, match="keeps no state"):
@@ -248,7 +271,7 @@ def test_schedule_config_round_trip(schedule):
         (lambda: Poly(-1, 10), "power must be >= 0"),
         (lambda: Cosine(0), "T_max must be an integer >= 1"),
         (lambda: Warmup(5, start_factor=0), r"start_factor must be in \(0, 1\]"),
-        (lambda: Plateau(mode="best"), "mode must be 'min' or 'max'"),
+        (lambda: Plateau(mode="best"), "mode must be 'min', 'max' or None"),
         (lambda: Plateau(factor=1.0), r"factor must be in \(0, 1\)"),
         (lambda: Plateau(patience=-1), "patience must be an integer >= 0"),
         (lambda: schedule_from_config({"name": "Lambda"}), "unknown schedule 'Lambda'"),

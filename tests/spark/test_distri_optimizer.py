@@ -18,12 +18,14 @@ from bigdl_py.spark import DistributedTrainingError
 from bigdl_py.train import (
     EveryEpoch,
     LocalOptimizer,
+    Loss,
     MaxEpoch,
     MaxIteration,
     NonFiniteLossError,
     SeveralIteration,
     Top1Accuracy,
     TrainingCallback,
+    evaluate_batches,
     load_checkpoint,
 )
 
@@ -223,6 +225,31 @@ def test_an_executor_error_reaches_the_callbacks_end_hook(spark):
         with pytest.raises(Exception, match="outside the 3 classes") as raised:
             optimizer.optimize()
     assert recorder.ended == [raised.value]
+
+
+def test_validation_on_an_rdd_of_pairs_equals_a_local_evaluation(spark):
+    # Training took (features, label) pairs; validation failed on the executors with
+    # "'tuple' object has no attribute 'label'".
+    features, labels = blobs()
+    pairs = spark.sparkContext.parallelize(list(zip(features, labels, strict=True)), 2)
+    with DistriOptimizer(
+        classifier(),
+        pairs,
+        nn.NLLLoss(),
+        SGD(lr=0.1),
+        batch_size=BATCH,
+        end_trigger=MaxIteration(2),
+        num_partitions=2,
+        progress=False,
+    ) as optimizer:
+        optimizer.set_validation(SeveralIteration(2), pairs, [Top1Accuracy(), Loss()])
+        model = optimizer.optimize()
+    expected = evaluate_batches(
+        model, [MiniBatch(features, labels)], [Top1Accuracy(), Loss(nn.NLLLoss())]
+    )
+    accuracy, loss = optimizer.last_validation
+    assert accuracy == expected[0]
+    assert loss.value == pytest.approx(expected[1].value, rel=1e-5)
 
 
 def test_nonfinite_batches_can_be_skipped(spark):

@@ -223,3 +223,35 @@ def test_evaluate_matches_one_local_pass(spark, sc, model, data):
         assert distributed[1].value == pytest.approx(expected[1].value, rel=1e-5)
     [loss_only] = evaluate(model, samples, criterion)
     assert loss_only.value == pytest.approx(expected[1].value, rel=1e-5)
+
+
+def test_evaluate_takes_every_record_kind_training_takes(sc, model, data):
+    """Pairs and MiniBatches, as training takes them, not only Samples (issue 27 follow-up:
+    pairs failed on the executors with "'tuple' object has no attribute 'label'")."""
+    features, labels = data
+    methods = [Top1Accuracy(), Loss(nn.CrossEntropyLoss())]
+    expected = evaluate_batches(model, [MiniBatch(features, labels)], methods)
+    pairs = list(zip(features, labels, strict=True))
+    mixed = [
+        MiniBatch(features[:9], labels[:9]),  # cut into pieces of the batch size
+        *[Sample(x, y) for x, y in pairs[9:20]],
+        *pairs[20:],
+    ]
+    for records in (
+        pairs,
+        [MiniBatch(features[k : k + 5], labels[k : k + 5]) for k in range(0, ROWS, 5)],
+        mixed,
+    ):
+        distributed = evaluate(model, sc.parallelize(records, 2), methods, batch_size=4)
+        assert distributed[0] == expected[0]
+        assert distributed[1].count == ROWS
+        assert distributed[1].value == pytest.approx(expected[1].value, rel=1e-5)
+
+
+def test_evaluate_refuses_records_training_refuses_naming_them(sc, data):
+    features, labels = data
+    model = nn.Sequential(nn.Linear(INPUTS, CLASSES))
+    with pytest.raises(Exception, match=r"record 1: validation records must be Samples, \(featu"):
+        evaluate(model, sc.parallelize([(features[0], labels[0]), "row"], 1), Top1Accuracy())
+    with pytest.raises(Exception, match="record 0: a validation Sample has no label"):
+        evaluate(model, sc.parallelize([Sample(features[0])], 1), Top1Accuracy())

@@ -221,7 +221,8 @@ def test_nn_model_save_load_round_trip_with_raw_outputs(spark, tmp_path):
     np.testing.assert_array_equal(reloaded, outputs)
 
 
-def test_unfitted_pipeline_save_load_keeps_estimator_params(tmp_path):
+def test_unfitted_pipeline_save_load_keeps_estimator_params(spark, tmp_path):
+    del spark  # Spark ML's stages and writers need an active session; the fixture gives it
     classifier = (
         NNClassifier(_classifier_model(), nn.CrossEntropyLoss(label_smoothing=0.1))
         .setOptimMethod(Adam(lr=0.01))

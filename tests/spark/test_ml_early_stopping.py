@@ -18,6 +18,8 @@ from bigdl_py.train import (
     EveryEpoch,
     Loss,
     MaxEpoch,
+    MaxScore,
+    Top1Accuracy,
     ValidationSummary,
     evaluate_batches,
     read_scalars,
@@ -95,7 +97,8 @@ def test_set_progress_gives_iteration_lines_at_info(spark, caplog):
     )
 
 
-def test_early_stopping_survives_the_stage_params(tmp_path):
+def test_early_stopping_survives_the_stage_params(spark, tmp_path):
+    del spark  # the stage's writer needs an active session, which the fixture gives
     classifier = NNClassifier(nn.Sequential(nn.Linear(4, 3))).setEndWhen(
         MaxEpoch(9) | EarlyStopping("Top1Accuracy", mode="max", patience=4, min_delta=0.01)
     )
@@ -118,3 +121,10 @@ def test_early_stopping_as_a_validation_or_checkpoint_trigger_is_refused_at_once
         NNClassifier(nn.Sequential(nn.Linear(4, 3)), checkpointTrigger=EarlyStopping("Loss"))
     with pytest.raises(ValueError, match="contradicts the metric 'Top1Accuracy'"):
         classifier.setEndWhen(EarlyStopping("Top1Accuracy", mode="min"))
+
+
+def test_max_score_as_a_validation_trigger_is_refused_at_once():
+    # It fires on validation results, so it could never start the first validation.
+    classifier = NNClassifier(nn.Sequential(nn.Linear(4, 3)))
+    with pytest.raises(ValueError, match=r"validation trigger holds MaxScore\(0.8\)"):
+        classifier.setValidation(EveryEpoch() | MaxScore(0.8), None, [Top1Accuracy()])

@@ -310,6 +310,11 @@ def _apply(weight, per_sample_weights, index_array, flat, bag_of, bag_count, mod
             raise ValueError(
                 f"{name}: per_sample_weights work only with mode='sum', not mode={mode!r}"
             )
+        dtype = per_sample_weights.dtype
+        if not backend.is_floating(dtype):  # PyTorch too wants the weight's dtype
+            raise TypeError(
+                f"{name}: per_sample_weights must be floating point, got dtype {np.dtype(dtype)}"
+            )
         shape = tuple(per_sample_weights.shape)
         if shape != index_array.shape:
             raise ValueError(

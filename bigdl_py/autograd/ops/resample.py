@@ -347,6 +347,7 @@ def interpolate(
         raise ValueError("interpolate: align_corners applies to mode='bilinear' only")
     height, width = x.shape[2:]
     out_size, scales = resolve_resize(size, scale_factor, (height, width), "interpolate")
+    _check_fits(x, out_size, 0, "interpolate")
     if recompute_scale_factor:
         if size is not None:
             raise ValueError(
@@ -360,13 +361,41 @@ def interpolate(
         )
         if None not in factors:
             return NearestRepeat.apply(x, factors=factors)
+        _check_fits(x, out_size, _matrix_bytes((height, width), out_size), "interpolate")
         rows = nearest_matrix(height, out_size[0], scales[0])
         columns = nearest_matrix(width, out_size[1], scales[1])
     else:
+        _check_fits(x, out_size, _matrix_bytes((height, width), out_size), "interpolate")
         corners = bool(align_corners)
         rows = bilinear_matrix(height, out_size[0], scales[0], corners)
         columns = bilinear_matrix(width, out_size[1], scales[1], corners)
     return SeparableResample.apply(x, rows=rows, columns=columns, op_name="interpolate")
+
+
+def _matrix_bytes(input_hw, out_size) -> int:
+    """Bytes of the ``(OH, H)`` and ``(OW, W)`` float64 resampling matrices."""
+    return 8 * (out_size[0] * input_hw[0] + out_size[1] * input_hw[1])
+
+
+def _check_fits(x, out_size, extra_bytes: int, op_name: str) -> None:
+    """Refuse a resize whose output (plus ``extra_bytes`` of work arrays) is larger than the
+    memory of the input's device: it could never be allocated (PyTorch refuses sizes that
+    overflow; a size this large is a typo in ``scale_factor`` or ``size``), and trying
+    would page for minutes or be killed. Sizes are Python ints, so nothing overflows."""
+    batch, channels = (int(n) for n in x.shape[:2])
+    needed = batch * channels * out_size[0] * out_size[1] * np.dtype(x.dtype).itemsize
+    needed += extra_bytes
+    where = x.device if isinstance(x.device, backend.Device) else backend.device_of(x)
+    available = backend.memory_bytes(where)
+    # Without a known memory size, NumPy's own limit: an array's bytes fit an intp.
+    limit = np.iinfo(np.intp).max if available is None else available
+    if needed > limit:
+        with_work = " with its resampling matrices" if extra_bytes else ""
+        raise ValueError(
+            f"{op_name}: the requested output size {tuple(out_size)} makes an output of "
+            f"{(batch, channels, *out_size)} ({needed:,} bytes{with_work}), more than the "
+            f"{limit:,} bytes of memory of device {where}; check size and scale_factor"
+        )
 
 
 def resolve_resize(size, scale_factor, input_hw, op_name: str):

@@ -7,7 +7,13 @@ from typing import Any
 from bigdl_py.autograd import ops
 from bigdl_py.nn import init as nn_init
 from bigdl_py.nn.layers._arguments import check_int, check_positive_int, check_real
-from bigdl_py.nn.layers._base import empty_parameter, label, parameter_dtype, shape_of
+from bigdl_py.nn.layers._base import (
+    check_floating_input,
+    empty_parameter,
+    label,
+    parameter_dtype,
+    shape_of,
+)
 from bigdl_py.nn.module import Module
 
 __all__ = [
@@ -251,6 +257,7 @@ class PReLU(Module):
                 f"{label(self)}: expects {self.num_parameters} channels on axis 1, got input "
                 f"of shape {shape}"
             )
+        check_floating_input(self, x)  # names the layer, where the op names only itself
         return ops.prelu(x, self.weight)
 
     def extra_repr(self) -> str:

@@ -8,7 +8,12 @@ from typing import Any
 from bigdl_py.autograd import ops
 from bigdl_py.nn import init
 from bigdl_py.nn.layers._arguments import check_flag, check_positive_int
-from bigdl_py.nn.layers._base import empty_parameter, parameter_dtype, shape_of
+from bigdl_py.nn.layers._base import (
+    check_floating_input,
+    empty_parameter,
+    parameter_dtype,
+    shape_of,
+)
 from bigdl_py.nn.module import Module
 
 __all__ = ["Linear"]
@@ -61,6 +66,8 @@ class Linear(Module):
                 f"Linear({self.in_features} -> {self.out_features}): input has {features} "
                 f"features (shape {shape}); expected (..., {self.in_features})"
             )
+        # Integer input would be promoted (to float64 with float32 weights), not refused.
+        check_floating_input(self, x)
         return ops.linear(x, self.weight, self.bias)
 
     def extra_repr(self) -> str:

@@ -99,6 +99,11 @@ def test_resampling_keeps_float32():
         (lambda x: ops.adaptive_avg_pool2d(x, (1, 2, 3)), ValueError, r"output_size must be"),
         (lambda x: ops.adaptive_max_pool2d(x, 0), ValueError, r"output_size must be >= 1"),
         (
+            lambda x: ops.interpolate(x, scale_factor=1e12),
+            ValueError,
+            r"interpolate: the requested output size \(4000000000000, 4000000000000\)",
+        ),
+        (
             lambda x: ops.adaptive_avg_pool2d(Tensor(np.zeros((1, 1, 2, 2), np.int64)), 1),
             TypeError,
             r"adaptive_avg_pool2d: input must be floating point",
