@@ -2,8 +2,10 @@
 pooling shares.
 
 float32 NumPy convolutions go to oneDNN's kernels first, where its library is installed
-(``conv_onednn.py``: 1.4-1.7x faster on the CIFAR CNN's layers); everything below is the
-route for the rest (float64, CuPy, no library) and the reference the tests hold it to.
+(``conv_onednn.py``: 1.4-1.7x faster on the CIFAR CNN's layers), CuPy convolutions to
+cuDNN's where it loads (``conv_cudnn.py``; ``conv_routes.py`` picks); everything below is
+the route for the rest (float64 on the CPU, no library, a declined geometry) and the
+reference the tests hold them to.
 
 A tile is a few samples (``conv_tiles.py`` says why and how they are shared out among
 threads). For each tile the columns are ``(C*KH*KW, T*L)``, the tile's samples side by side
@@ -32,7 +34,7 @@ from __future__ import annotations
 
 from bigdl_py import backend
 from bigdl_py.autograd.function import Function
-from bigdl_py.autograd.ops import conv_onednn, conv_winograd, gemm_pieces, onednn
+from bigdl_py.autograd.ops import conv_routes, conv_winograd, gemm_pieces
 from bigdl_py.autograd.ops.conv_tiles import (
     MIN_THREADED_MULTIPLY_ADDS,
     for_each_tile,
@@ -596,9 +598,10 @@ class Conv2d(Function):
         self.geometry = (stride, padding, dilation, groups)
         self.has_bias = bias is not None
         self.save_for_backward(x, weight)
-        if onednn.applies_to(x, weight, bias):
+        route = conv_routes.library_route(x, weight, bias)  # oneDNN, cuDNN or None
+        if route is not None:
             out_shape = output_shape(x.shape, weight.shape, stride, padding, dilation)
-            out = conv_onednn.forward(x, weight, bias, stride, padding, dilation, groups, out_shape)
+            out = route.forward(x, weight, bias, stride, padding, dilation, groups, out_shape)
             if out is not None:
                 return out
         return convolve(x, weight, stride, padding, _padded_hw(x, padding), dilation, groups, bias)
@@ -606,13 +609,14 @@ class Conv2d(Function):
     def backward(self, grad):
         x, weight = self.saved
         stride, padding, dilation, groups = self.geometry
-        if onednn.applies_to(x, weight, grad):
+        route = conv_routes.library_route(x, weight, grad)
+        if route is not None:
             needs = (
                 self.needs_input_grad[0],
                 self.needs_input_grad[1],
                 self.has_bias and self.needs_input_grad[2],
             )
-            grads = conv_onednn.backward(x, weight, grad, self.geometry, self.has_bias, needs)
+            grads = route.backward(x, weight, grad, self.geometry, self.has_bias, needs)
             if grads is not None:
                 return grads
         grad_x = grad_weight = grad_bias = None
