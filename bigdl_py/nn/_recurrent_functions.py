@@ -22,7 +22,8 @@ Float32 NumPy LSTM layers run on oneDNN's LSTM primitive instead, where its libr
 installed (``_lstm_onednn``: PyTorch's own CPU route, 1.2x faster than this recurrence on the
 bench's layer), with the same threads, one direction each; this recurrence takes float64,
 CuPy arrays, empty batches and ``BIGDL_PY_ONEDNN=0``, and is the reference the oneDNN
-route's tests compare with.
+route's tests compare with. On the GPU both layers run on cuDNN's RNN where it loads
+(``_rnn_cudnn``), this recurrence where it does not (``BIGDL_PY_CUDNN=0``, no cuDNN 9).
 
 The weights' gate layouts are PyTorch's: LSTM ``[i, f, g, o]``, GRU ``[r, z, n]``, stacked
 along the first axis. Inside, the GRU's arrays are ``(D, T, N, ...)``: direction, step (in
@@ -40,8 +41,8 @@ import numpy as np
 from bigdl_py import backend
 from bigdl_py.autograd.function import Function
 from bigdl_py.autograd.grad_mode import is_grad_enabled
-from bigdl_py.autograd.ops import conv_tiles, onednn
-from bigdl_py.nn import _lstm_onednn
+from bigdl_py.autograd.ops import conv_tiles, cudnn, onednn
+from bigdl_py.nn import _lstm_onednn, _rnn_cudnn
 
 # Multiply-adds of one step's hidden GEMM (batch x gates*H x H) below which a
 # one-direction layer holds BLAS to one thread (2M in the bench's LSTM).
@@ -132,6 +133,22 @@ class _PooledSequence(Function):
     released."""
 
     pooled: tuple = ()
+    cudnn_layer = None  # the cuDNN route's layer when it ran the forward (``_rnn_cudnn``)
+
+    def _forward_cudnn(self, cell, x, weight_ih, weight_hh, states, biases, batch_first):
+        """The forward on cuDNN's RNN (CuPy operands, ``_rnn_cudnn``), or None where cuDNN
+        is absent or declines the geometry (this module's recurrence runs)."""
+        if not cudnn.applies_to(x, weight_ih, weight_hh, *states, *biases):
+            return None
+        ran = _rnn_cudnn.forward(cell, x, weight_ih, weight_hh, states, biases, batch_first)
+        if ran is None:
+            return None
+        output, self.cudnn_layer, saved = ran
+        self.save_for_backward(*saved)
+        return output
+
+    def _backward_cudnn(self, grad):
+        return _rnn_cudnn.backward(self.cudnn_layer, self.saved, grad, self.needs_input_grad)
 
     def _release_extra(self) -> None:
         _pool.give(*self.pooled)
@@ -166,6 +183,11 @@ class LSTMSequence(_PooledSequence):
     ):
         self.batch_first, self.has_bias = batch_first, bias_ih is not None
         self.onednn_directions = None
+        output = self._forward_cudnn(
+            "lstm", x, weight_ih, weight_hh, (h0, c0), (bias_ih, bias_hh), batch_first
+        )
+        if output is not None:
+            return output
         if onednn.applies_to(x, weight_ih, weight_hh, h0, c0, bias_ih, bias_hh):
             output = self._forward_onednn(x, weight_ih, weight_hh, h0, c0, bias_ih, bias_hh)
             if output is not None:
@@ -300,6 +322,8 @@ class LSTMSequence(_PooledSequence):
         return grad_x, grad_weight_ih, grad_weight_hh, grad_h0, grad_c0, grad_bias, grad_bias
 
     def backward(self, grad):
+        if self.cudnn_layer is not None:
+            return self._backward_cudnn(grad)
         if self.onednn_directions is not None:
             return self._backward_onednn(grad)
         columns, weights, gates, cells, tanh_cells = self.saved
@@ -514,6 +538,11 @@ class GRUSequence(_PooledSequence):
     gate_kinds = ("sigmoid", "sigmoid", "tanh")
 
     def forward(self, x, weight_ih, weight_hh, h0, bias_ih=None, bias_hh=None, batch_first=True):
+        output = self._forward_cudnn(
+            "gru", x, weight_ih, weight_hh, (h0,), (bias_ih, bias_hh), batch_first
+        )
+        if output is not None:
+            return output
         xp = backend.array_module(x)
         directions, _, size = weight_hh.shape
         activations = _GateActivations(xp, self.gate_kinds, size, x.dtype)
@@ -549,6 +578,8 @@ class GRUSequence(_PooledSequence):
         return _to_layer_layout(hiddens[:, 1:], [hiddens[:, steps]], batch_first)
 
     def backward(self, grad):
+        if self.cudnn_layer is not None:
+            return self._backward_cudnn(grad)
         inputs, gates, hiddens, hidden_candidates, weight_ih, weight_hh = self.saved
         directions, steps = gates.shape[:2]
         upstream = _time_major_blocks(grad, directions, self.batch_first)
