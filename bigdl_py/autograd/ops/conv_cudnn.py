@@ -350,7 +350,7 @@ def _plan(direction: str, geometry: Geometry) -> _Plan | None:
 
 def _run(direction, x, weight, y, stride, padding, dilation) -> bool:
     """Run ``direction`` on C-contiguous operands; False where cuDNN declines it."""
-    pointers = (int(x.data.ptr), int(weight.data.ptr), int(y.data.ptr))
+    pointers = (_address(x), _address(weight), _address(y))
     geometry = make_geometry(
         x.shape, weight.shape, y.shape, stride, padding, dilation, x.dtype, pointers
     )
@@ -401,3 +401,8 @@ def backward(x, weight, grad, geometry, with_bias, needs, x_shape=None):
     if with_bias and needs[2]:
         grad_bias = grad.sum(axis=(0, 2, 3))
     return grad_x, grad_weight, grad_bias
+
+
+def _address(array) -> int:
+    """A CuPy array's device address (the CPU tests hand in host arrays instead)."""
+    return int(array.data.ptr)
