@@ -228,6 +228,11 @@ def reference_route(monkeypatch):
     return ReferenceLayer.made
 
 
+def _like(values, tensor):
+    """Host ``values`` as a constant Tensor on ``tensor``'s device, in its dtype."""
+    return Tensor(backend.to_device(values.astype(tensor.dtype), tensor.device))
+
+
 def _run_layer(layer, x, states):
     x = Tensor(x, requires_grad=True)
     hx = None
@@ -237,9 +242,9 @@ def _run_layer(layer, x, states):
     output, final = layer(x, hx)
     finals = final if isinstance(final, tuple) else (final,)
     rng = np.random.default_rng(9)
-    loss = (output * Tensor(rng.standard_normal(output.shape))).sum()
+    loss = (output * _like(rng.standard_normal(output.shape), output)).sum()
     for state in finals:
-        loss = loss + (state * Tensor(rng.standard_normal(state.shape))).sum()
+        loss = loss + (state * _like(rng.standard_normal(state.shape), state)).sum()
     loss.backward()
     results = [output.numpy(), *(s.numpy() for s in finals), x.grad.numpy()]
     if hx is not None:
