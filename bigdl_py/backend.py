@@ -52,7 +52,8 @@ def cupy_module():
     if cupy is None:
         raise RuntimeError(
             "a CUDA device was requested but CuPy is not available "
-            f"({_cupy_import_error!r}); install the 'gpu' extra: pip install 'bigdl_py[gpu]'"
+            f"({_cupy_import_error!r}); install a GPU extra: pip install 'bigdl_py[gpu]' for "
+            "CUDA 12, 'bigdl_py[gpu-cuda13]' for CUDA 13"
         )
     return cupy
 
