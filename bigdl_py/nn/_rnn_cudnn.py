@@ -305,11 +305,11 @@ class _Layer:
 
         def elements(descriptor) -> int:
             data_type, count = ctypes.c_int(), ctypes.c_int()
-            dims, strides = (ctypes.c_int * 3)(), (ctypes.c_int * 3)()
+            dims, strides = (ctypes.c_int * 8)(), (ctypes.c_int * 8)()  # CUDNN_DIM_MAX
             library.call(
                 "cudnnGetTensorNdDescriptor",
                 descriptor.pointer,
-                3,
+                8,
                 ctypes.byref(data_type),
                 ctypes.byref(count),
                 dims,
