@@ -1,4 +1,5 @@
-"""LSTM and GRU layers on cuDNN's RNN API (``bigdl_py.nn._rnn_cudnn``).
+"""LSTM and GRU layers on cuDNN's RNN API (``bigdl_py.nn._rnn_cudnn``, its weight layout
+``_rnn_weight_space``).
 
 Without a GPU: the mapping of PyTorch's parameters (gate blocks in PyTorch's order) to
 cuDNN's weight space on layouts cuDNN may report, the packed output and its gradient, the
@@ -19,8 +20,9 @@ from bigdl_py import backend, nn
 from bigdl_py.autograd import Tensor, no_grad
 from bigdl_py.autograd.ops import cudnn
 from bigdl_py.autograd.ops.cudnn import CudnnError
-from bigdl_py.nn import _recurrent_functions, _rnn_cudnn
-from bigdl_py.nn._rnn_cudnn import GATES, Geometry, copy_runs, pack, unpack
+from bigdl_py.nn import _recurrent_functions, _rnn_cudnn, _rnn_weight_space
+from bigdl_py.nn._rnn_cudnn import Geometry
+from bigdl_py.nn._rnn_weight_space import GATES, copy_runs, pack, unpack
 
 # --- where PyTorch's gate blocks go --------------------------------------------------------------
 
@@ -45,7 +47,7 @@ def cudnn_like_layout(cell, directions, features, size, with_bias):
 
 def scrambled_layout(cell, directions, features, size, with_bias):
     """Blocks in reverse order with a gap after each: nothing merges."""
-    blocks = list(_rnn_cudnn.pytorch_blocks(cell, directions, features, size, with_bias))
+    blocks = list(_rnn_weight_space.pytorch_blocks(cell, directions, features, size, with_bias))
     offsets, position = {}, 0
     for pseudo_layer, layer_id, is_bias, _, _, length in reversed(blocks):
         offsets[pseudo_layer, layer_id, is_bias] = (position, length)
@@ -77,7 +79,7 @@ def test_each_gate_block_lands_where_cudnn_says(cell, directions, with_bias, lay
     )
     space = np.full(space_size, np.nan)
     pack(space, parameters, runs)
-    ids = _rnn_cudnn.LINEAR_LAYERS[cell]
+    ids = _rnn_weight_space.LINEAR_LAYERS[cell]
     for direction in range(directions):
         for gate in range(GATES[cell]):
             rows = slice(gate * size, (gate + 1) * size)
