@@ -152,7 +152,10 @@ class _Library:
 @functools.cache
 def loaded() -> _Library | None:
     """The library for CuPy's CUDA, loaded once; None where it does not load."""
-    major = cuda_libraries.cuda_runtime_major()
+    try:
+        major = cuda_libraries.cuda_runtime_major()
+    except RuntimeError:  # no CuPy: nothing for the route to run on
+        return None
     wheel_paths = (f"nvidia/cu{major}/lib/libcublas.so.{major}",)
     if major == 12:
         wheel_paths += ("nvidia/cublas/lib/libcublas.so.12",)

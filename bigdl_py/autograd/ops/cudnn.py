@@ -274,7 +274,10 @@ def loaded() -> _Library | None:
     )
     library, failures = cuda_libraries.load_first(paths, _Library)
     if library is not None:
-        runtime = cuda_libraries.cuda_runtime_major()
+        try:
+            runtime = cuda_libraries.cuda_runtime_major()
+        except RuntimeError:  # no CuPy: nothing for the routes to run on
+            return None
         if library.cuda_major == runtime:
             return library
         failures.append(

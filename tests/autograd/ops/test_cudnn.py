@@ -61,6 +61,18 @@ def test_a_wheel_for_another_cuda_is_refused_and_named(fresh_load):
         assert cudnn.loaded() is None
 
 
+def test_without_cupy_nothing_loads(fresh_load):
+    _installed_wheel()  # a library that loads, on a machine whose CuPy cannot run
+
+    def no_cupy():
+        raise RuntimeError("a CUDA device was requested but CuPy is not available")
+
+    fresh_load.setattr(cuda_libraries, "cuda_runtime_major", no_cupy)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert cudnn.loaded() is None
+
+
 def test_the_switch_turns_the_routes_off(monkeypatch):
     monkeypatch.setattr(cudnn, "loaded", lambda: object())
     for text, on in (("1", True), ("0", False), ("off", False), ("False", False)):
