@@ -408,15 +408,17 @@ def test_gpu_a_cudnn_convolution_replays_in_a_cuda_graph(cudnn_plan_runs):
     x = cupy.asarray(rng.standard_normal((4, 8, 12, 12)))
     weight = cupy.asarray(rng.standard_normal((16, 8, 3, 3)))
     out = cupy.empty((4, 16, 12, 12))
+    cupy.cuda.runtime.deviceSynchronize()  # the inputs, written on the default stream
     stream = cupy.cuda.Stream(non_blocking=True)
     with stream:
         conv_cudnn._run("forward", x, weight, out, (1, 1), (1, 1), (1, 1))  # warm-up
         stream.begin_capture()
         conv_cudnn._run("forward", x, weight, out, (1, 1), (1, 1), (1, 1))
         graph = stream.end_capture()
-    x[...] = cupy.asarray(rng.standard_normal(x.shape))
-    out[...] = 0
-    graph.launch(stream)
+        # new input on the same stream (a non-blocking stream does not wait for others)
+        x[...] = cupy.asarray(rng.standard_normal(x.shape))
+        out[...] = 0
+        graph.launch(stream)
     stream.synchronize()
     want = ops.conv2d(Tensor(x.get()), Tensor(weight.get()), None, 1, 1).numpy()
     np.testing.assert_allclose(out.get(), want, rtol=1e-10, atol=1e-10)

@@ -249,6 +249,7 @@ def test_gpu_a_product_replays_in_a_cuda_graph(cublas_runs):
     a = cupy.asarray(rng.standard_normal((2, 64, 32)))
     b = cupy.asarray(rng.standard_normal((32, 48)))
     out = cupy.empty((2, 64, 48))
+    cupy.cuda.runtime.deviceSynchronize()  # the inputs, written on the default stream
     call = cublas.product_call(a.shape, a.strides, b.shape, b.strides, 8)
     stream = cupy.cuda.Stream(non_blocking=True)
     with stream:
@@ -256,8 +257,9 @@ def test_gpu_a_product_replays_in_a_cuda_graph(cublas_runs):
         stream.begin_capture()
         cublas.run(call, a, b, out)
         graph = stream.end_capture()
-    a[...] = cupy.asarray(rng.standard_normal(a.shape))
-    out[...] = 0
-    graph.launch(stream)
+        # new input on the same stream (a non-blocking stream does not wait for others)
+        a[...] = cupy.asarray(rng.standard_normal(a.shape))
+        out[...] = 0
+        graph.launch(stream)
     stream.synchronize()
     np.testing.assert_allclose(out.get(), a.get() @ b.get(), rtol=1e-12, atol=1e-12)
