@@ -10,10 +10,11 @@ cached: cuDNN's backend API builds a graph of one convolution operation (forward
 gradient or weight gradient), its heuristics rank the engines, engines that would break the
 TF32 setting are skipped (:func:`usable_engine`), and the first engine that builds becomes
 the plan. A call then only packs the three device pointers and a workspace from CuPy's
-pool and executes the plan on CuPy's current stream: no host synchronisation, and a call a
-CUDA graph can capture once the plan exists. Groups are the shapes' (a weight of ``C/g``
-input channels); Conv1d runs as a height-1 Conv2d (``functional_layers.conv1d``), and
-ConvTranspose2d as the adjoint directions (``conv_transpose.py``), as with oneDNN.
+pool and executes the plan on CuPy's current stream: no host synchronisation, and once
+the plan exists nothing that a CUDA-graph capture forbids (a gpu test captures one).
+Groups are the shapes' (a weight of ``C/g`` input channels); Conv1d runs as a height-1
+Conv2d (``functional_layers.conv1d``), and ConvTranspose2d as the adjoint directions
+(``conv_transpose.py``), as with oneDNN.
 
 The functions :func:`forward` and :func:`backward` take the arguments of
 ``conv_onednn``'s, so ``conv_routes.library_route`` hands either module to the ops.

@@ -93,8 +93,8 @@ CUDNN_ATTR_ENGINEHEUR_MODE = 200
 CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH = 201
 CUDNN_ATTR_ENGINEHEUR_RESULTS = 202
 CUDNN_ATTR_ENGINECFG_ENGINE = 300
-# The plan's and graph's handle attributes are deprecated since 9.x's device properties,
-# but cuDNN 9.0-9.7 require them and later versions still take them.
+# The plan's and graph's handle attributes are deprecated in favour of the device
+# properties added in 9.8, which older cuDNN 9 releases do not have; every 9.x takes them.
 CUDNN_ATTR_EXECUTION_PLAN_HANDLE = 400
 CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG = 401
 CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE = 402
