@@ -57,7 +57,8 @@ def cupy_module():
     if cupy is None:
         raise RuntimeError(
             "a CUDA device was requested but CuPy is not available "
-            f"({_cupy_import_error!r}); install the 'gpu' extra: pip install 'bigdl_py[gpu]'"
+            f"({_cupy_import_error!r}); install a GPU extra: pip install 'bigdl_py[gpu]' for "
+            "CUDA 12, 'bigdl_py[gpu-cuda13]' for CUDA 13"
         )
     return cupy
 
@@ -294,6 +295,80 @@ def resolve_dtype(dtype: Any = None) -> np.dtype:
 
 def is_floating(dtype: Any) -> bool:
     return np.issubdtype(np.dtype(dtype), np.floating)
+
+
+# --- TF32 on NVIDIA GPUs --------------------------------------------------------------------
+# Ampere and later GPUs can run float32 products and convolutions on tensor cores in TF32
+# (inputs rounded to a 10-bit mantissa, float32 sums): several times faster, ~1e-3 relative
+# error. The defaults are PyTorch's (checked on 2.13): float32 products exact
+# (``torch.backends.cuda.matmul.allow_tf32 = False``, its default since 1.12), cuDNN's
+# convolutions and RNNs in TF32 (``torch.backends.cudnn.allow_tf32 = True``; in 2.13's
+# newer names ``torch.backends.cudnn.conv.fp32_precision`` and ``...rnn.fp32_precision``
+# are ``"tf32"``). NVIDIA's ``NVIDIA_TF32_OVERRIDE=0`` still turns TF32 off everywhere.
+TF32_VARIABLES = {"matmul": "BIGDL_PY_TF32_MATMUL", "cudnn": "BIGDL_PY_TF32_CUDNN"}
+TF32_DEFAULTS = {"matmul": False, "cudnn": True}
+_tf32: dict[str, bool] = {}
+
+
+def _flag_from_environment(variable: str, default: bool) -> bool:
+    text = os.environ.get(variable, "").strip().lower()
+    if not text:
+        return default
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{variable}={text!r}: expected 1/true/yes/on or 0/false/no/off")
+
+
+def allow_tf32(matmul: bool | None = None, cudnn: bool | None = None) -> dict[str, bool]:
+    """Allow (or forbid) TF32 tensor-core math for float32 on NVIDIA GPUs.
+
+    Parameters
+    ----------
+    matmul : bool, optional
+        float32 matrix products through cuBLAS (``matmul``, ``Linear``, attention). Default
+        False, as PyTorch's ``torch.backends.cuda.matmul.allow_tf32``; the environment
+        variable ``BIGDL_PY_TF32_MATMUL=1`` sets it at start-up.
+    cudnn : bool, optional
+        float32 convolutions and LSTM/GRU layers through cuDNN. Default True, as PyTorch's
+        ``torch.backends.cudnn.allow_tf32``; ``BIGDL_PY_TF32_CUDNN=0`` sets it at start-up.
+
+    Returns
+    -------
+    dict
+        The settings now in force, ``{"matmul": ..., "cudnn": ...}``. Called with no
+        arguments it only reports them. A change applies to the next product or layer run
+        (cached cuDNN plans are per setting).
+
+    Raises
+    ------
+    TypeError
+        When a setting is not a bool.
+    ValueError
+        When an environment variable holds something other than 1/0, true/false, yes/no
+        or on/off.
+    """
+    settings = tf32_settings()
+    for name, value in (("matmul", matmul), ("cudnn", cudnn)):
+        if value is None:
+            continue
+        if not isinstance(value, (bool, np.bool_)):
+            raise TypeError(f"allow_tf32: {name} must be True or False, got {value!r}")
+        settings[name] = bool(value)
+    return dict(settings)
+
+
+def tf32_settings() -> dict[str, bool]:
+    """The TF32 settings (read from the environment on first use; see :func:`allow_tf32`)."""
+    if not _tf32:
+        _tf32.update(
+            {
+                name: _flag_from_environment(variable, TF32_DEFAULTS[name])
+                for name, variable in TF32_VARIABLES.items()
+            }
+        )
+    return _tf32
 
 
 # --- BLAS threads -------------------------------------------------------------------------

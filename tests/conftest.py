@@ -38,6 +38,19 @@ def sc(spark):
     return spark.sparkContext
 
 
+@pytest.fixture(scope="session", autouse=True)
+def exact_float32_on_gpus():
+    """TF32 off for the suite: GPU tests hold float32 results to float32 tolerances against
+    float64 references, and cuDNN's default TF32 (PyTorch's default too) rounds inputs to a
+    10-bit mantissa on Ampere and later. Tests of TF32 itself set it for themselves."""
+    from bigdl_py import backend
+
+    before = dict(backend.tf32_settings())
+    backend.allow_tf32(matmul=False, cudnn=False)
+    yield
+    backend.allow_tf32(**before)
+
+
 @pytest.fixture
 def rng():
     return np.random.default_rng(1234)

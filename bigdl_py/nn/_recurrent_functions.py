@@ -24,7 +24,8 @@ Float32 NumPy LSTM layers run on oneDNN's LSTM primitive instead, where its libr
 installed (``_lstm_onednn``: PyTorch's own CPU route, 1.2x faster than this recurrence on the
 bench's layer), with the same threads, one direction each; this recurrence takes float64,
 CuPy arrays, empty batches and ``BIGDL_PY_ONEDNN=0``, and is the reference the oneDNN
-route's tests compare with.
+route's tests compare with. On the GPU both layers run on cuDNN's RNN where it loads
+(``_rnn_cudnn``), this recurrence where it does not (``BIGDL_PY_CUDNN=0``, no cuDNN 9).
 
 The weights' gate layouts are PyTorch's: LSTM ``[i, f, g, o]``, GRU ``[r, z, n]``, stacked
 along the first axis (the RNN has one gate). Inside, the GRU's and the RNN's arrays are ``(D,
@@ -42,8 +43,8 @@ import numpy as np
 from bigdl_py import backend
 from bigdl_py.autograd.function import Function
 from bigdl_py.autograd.grad_mode import is_grad_enabled
-from bigdl_py.autograd.ops import conv_tiles, onednn
-from bigdl_py.nn import _lstm_onednn
+from bigdl_py.autograd.ops import conv_tiles, cudnn, onednn
+from bigdl_py.nn import _lstm_onednn, _rnn_cudnn
 
 # Multiply-adds of one step's hidden GEMM (batch x gates*H x H) below which a
 # one-direction layer holds BLAS to one thread (2M in the bench's LSTM).
@@ -134,6 +135,22 @@ class _PooledSequence(Function):
     released."""
 
     pooled: tuple = ()
+    cudnn_layer = None  # the cuDNN route's layer when it ran the forward (``_rnn_cudnn``)
+
+    def _forward_cudnn(self, cell, x, weight_ih, weight_hh, states, biases, batch_first):
+        """The forward on cuDNN's RNN (CuPy operands, ``_rnn_cudnn``), or None where cuDNN
+        is absent or declines the geometry (this module's recurrence runs)."""
+        if not cudnn.applies_to(x, weight_ih, weight_hh, *states, *biases):
+            return None
+        ran = _rnn_cudnn.forward(cell, x, weight_ih, weight_hh, states, biases, batch_first)
+        if ran is None:
+            return None
+        output, self.cudnn_layer, saved = ran
+        self.save_for_backward(*saved)
+        return output
+
+    def _backward_cudnn(self, grad):
+        return _rnn_cudnn.backward(self.cudnn_layer, self.saved, grad, self.needs_input_grad)
 
     def _release_extra(self) -> None:
         _pool.give(*self.pooled)
@@ -168,6 +185,11 @@ class LSTMSequence(_PooledSequence):
     ):
         self.batch_first, self.has_bias = batch_first, bias_ih is not None
         self.onednn_directions = None
+        output = self._forward_cudnn(
+            "lstm", x, weight_ih, weight_hh, (h0, c0), (bias_ih, bias_hh), batch_first
+        )
+        if output is not None:
+            return output
         if onednn.applies_to(x, weight_ih, weight_hh, h0, c0, bias_ih, bias_hh):
             output = self._forward_onednn(x, weight_ih, weight_hh, h0, c0, bias_ih, bias_hh)
             if output is not None:
@@ -302,6 +324,8 @@ class LSTMSequence(_PooledSequence):
         return grad_x, grad_weight_ih, grad_weight_hh, grad_h0, grad_c0, grad_bias, grad_bias
 
     def backward(self, grad):
+        if self.cudnn_layer is not None:
+            return self._backward_cudnn(grad)
         if self.onednn_directions is not None:
             return self._backward_onednn(grad)
         columns, weights, gates, cells, tanh_cells = self.saved
@@ -523,10 +547,18 @@ class _ProjectedSequence(_PooledSequence):
     separate_hidden_gates = True
     # Arrays of the cell's own that its backward reads (from the pool: given back on release).
     cell_saved: tuple = ()
+    # The cell's name in the cuDNN route (``_rnn_cudnn``); None: this recurrence only.
+    cudnn_cell: str | None = None
 
     def forward(
         self, x, weight_ih, weight_hh, h0, bias_ih=None, bias_hh=None, batch_first=True, **cell
     ):
+        if self.cudnn_cell is not None:
+            output = self._forward_cudnn(
+                self.cudnn_cell, x, weight_ih, weight_hh, (h0,), (bias_ih, bias_hh), batch_first
+            )
+            if output is not None:
+                return output
         directions, _, size = weight_hh.shape
         inputs = _inputs_by_direction(x, directions, batch_first)
         gates = _empty_gates(inputs, weight_ih)
@@ -548,6 +580,8 @@ class _ProjectedSequence(_PooledSequence):
         return _to_layer_layout(hiddens[:, 1:], [hiddens[:, steps]], batch_first)
 
     def backward(self, grad):
+        if self.cudnn_layer is not None:
+            return self._backward_cudnn(grad)
         inputs, gates, hiddens, weight_ih, weight_hh = self.saved
         directions, steps = gates.shape[:2]
         upstream = _time_major_blocks(grad, directions, self.batch_first)
@@ -625,6 +659,7 @@ class GRUSequence(_ProjectedSequence):
     """
 
     gate_kinds = ("sigmoid", "sigmoid", "tanh")
+    cudnn_cell = "gru"
 
     def _prepare(self, x, weight_ih, weight_hh, bias_ih, bias_hh, steps: int, batch: int):
         xp = backend.array_module(x)

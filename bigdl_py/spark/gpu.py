@@ -91,8 +91,9 @@ def _missing_cuda_message(requested: str, addresses: list[str]) -> str:
     assigned = f"Spark assigned this task GPU(s) {addresses}, but " if addresses else ""
     return (
         f"device={requested!r} was requested, but {assigned}CuPy cannot use a CUDA device in "
-        "this executor's Python (install the 'gpu' extra, pip install 'bigdl_py[gpu]', on "
-        "every executor, and check the CUDA driver); use device='cpu' or device='auto' to "
+        "this executor's Python (install a GPU extra on every executor, "
+        "pip install 'bigdl_py[gpu]' for CUDA 12 or 'bigdl_py[gpu-cuda13]' for CUDA 13, and "
+        "check the CUDA driver); use device='cpu' or device='auto' to "
         "run on the CPU instead"
     )
 

@@ -2,10 +2,11 @@
 pooling shares.
 
 float32 NumPy convolutions go to oneDNN's kernels first, where its library is installed
-(``conv_onednn.py``: 1.4-1.7x faster on the CIFAR CNN's layers), and Conv2d on a GPU to
-``conv_device.py`` (one im2col kernel, 2-d GEMMs, reused scratch); everything below is the
-route for the rest (float64 on the host, no library, ConvTranspose2d and pooling on a
-device) and the reference the tests hold them to.
+(``conv_onednn.py``: 1.4-1.7x faster on the CIFAR CNN's layers), CuPy convolutions to
+cuDNN's where it loads (``conv_cudnn.py``; ``conv_routes.py`` picks), and device
+convolutions it does not take to ``conv_device.py`` (one im2col kernel, 2-d GEMMs, reused
+scratch); everything below is the route for the rest (float64 on the host, no library,
+ConvTranspose2d and pooling on a device) and the reference the tests hold them to.
 
 A tile is a few samples (``conv_tiles.py`` says why and how they are shared out among
 threads). For each tile the columns are ``(C*KH*KW, T*L)``, the tile's samples side by side
@@ -34,7 +35,7 @@ from __future__ import annotations
 
 from bigdl_py import backend, kernels
 from bigdl_py.autograd.function import Function
-from bigdl_py.autograd.ops import conv_device, conv_onednn, conv_winograd, gemm_pieces, onednn
+from bigdl_py.autograd.ops import conv_device, conv_routes, conv_winograd, gemm_pieces
 from bigdl_py.autograd.ops.conv_tiles import (
     MIN_THREADED_MULTIPLY_ADDS,
     for_each_tile,
@@ -599,35 +600,32 @@ class Conv2d(Function):
         self.has_bias = bias is not None
         self.save_for_backward(x, weight)
         self.on_device = kernels.route(x, weight, bias) is not None
-        if self.on_device:  # one im2col kernel, 2-d GEMMs, reused scratch (conv_device.py)
-            out_hw = output_shape(x.shape, weight.shape, stride, padding, dilation)[2:]
-            return conv_device.convolve(x, weight, bias, stride, padding, dilation, groups, out_hw)
-        if onednn.applies_to(x, weight, bias):
+        route = conv_routes.library_route(x, weight, bias)  # oneDNN, cuDNN or None
+        if route is not None:
             out_shape = output_shape(x.shape, weight.shape, stride, padding, dilation)
-            out = conv_onednn.forward(x, weight, bias, stride, padding, dilation, groups, out_shape)
+            out = route.forward(x, weight, bias, stride, padding, dilation, groups, out_shape)
             if out is not None:
                 return out
+        if self.on_device:  # no library, or it declined: one im2col kernel, 2-d GEMMs
+            out_hw = output_shape(x.shape, weight.shape, stride, padding, dilation)[2:]
+            return conv_device.convolve(x, weight, bias, stride, padding, dilation, groups, out_hw)
         return convolve(x, weight, stride, padding, _padded_hw(x, padding), dilation, groups, bias)
 
     def backward(self, grad):
         x, weight = self.saved
         stride, padding, dilation, groups = self.geometry
-        if self.on_device:
-            needs = (
-                self.needs_input_grad[0],
-                self.needs_input_grad[1],
-                self.has_bias and self.needs_input_grad[2],
-            )
-            return conv_device.gradients(x, weight, grad, stride, padding, dilation, groups, needs)
-        if onednn.applies_to(x, weight, grad):
-            needs = (
-                self.needs_input_grad[0],
-                self.needs_input_grad[1],
-                self.has_bias and self.needs_input_grad[2],
-            )
-            grads = conv_onednn.backward(x, weight, grad, self.geometry, self.has_bias, needs)
+        needs = (
+            self.needs_input_grad[0],
+            self.needs_input_grad[1],
+            self.has_bias and self.needs_input_grad[2],
+        )
+        route = conv_routes.library_route(x, weight, grad)
+        if route is not None:
+            grads = route.backward(x, weight, grad, self.geometry, self.has_bias, needs)
             if grads is not None:
                 return grads
+        if self.on_device:
+            return conv_device.gradients(x, weight, grad, stride, padding, dilation, groups, needs)
         grad_x = grad_weight = grad_bias = None
         if self.needs_input_grad[1] or (self.has_bias and self.needs_input_grad[2]):
             grad_weight, grad_bias = convolution_weight_gradient(

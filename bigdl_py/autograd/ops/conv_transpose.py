@@ -11,7 +11,7 @@ So both directions reuse conv2d's machinery (``conv.py``) with the roles swapped
   as the output's gradient, ``x @ columns(output gradient)^T``, tile by tile.
 
 float32 NumPy operands take the same three through oneDNN's kernels (``conv_onednn``) where
-its library is installed, as conv2d does.
+its library is installed, CuPy operands through cuDNN's (``conv_cudnn``), as conv2d does.
 
 ``output_padding`` adds rows and columns at the bottom and right of the output (so that a
 strided transposed convolution can reach every size a conv2d's input could have had); it
@@ -21,7 +21,7 @@ must be smaller than the stride or the dilation, as in PyTorch.
 from __future__ import annotations
 
 from bigdl_py.autograd.function import Function
-from bigdl_py.autograd.ops import conv_onednn, onednn
+from bigdl_py.autograd.ops import conv_routes
 from bigdl_py.autograd.ops.conv import (
     convolution_weight_gradient,
     convolve,
@@ -120,10 +120,11 @@ class ConvTranspose2d(Function):
         self.has_bias = bias is not None
         self.save_for_backward(x, weight)
         output = None
-        if onednn.applies_to(x, weight, bias):
+        route = conv_routes.library_route(x, weight, bias)  # oneDNN, cuDNN or None
+        if route is not None:
             # conv2d's input gradient, of a conv2d whose input has this op's output shape
             out_shape = (x.shape[0], weight.shape[1] * groups) + out_hw
-            gradients = conv_onednn.backward(
+            gradients = route.backward(
                 None, weight, x, self.geometry, False, (True, False, False), out_shape
             )
             output = None if gradients is None else gradients[0]
@@ -145,15 +146,16 @@ class ConvTranspose2d(Function):
         grad_x = grad_weight = grad_bias = None
         if self.has_bias and self.needs_input_grad[2]:
             grad_bias = grad.sum(axis=(0, 2, 3))
-        if onednn.applies_to(x, weight, grad):
-            # The conv2d above: grad is its input, x its output's gradient. What oneDNN
-            # declines (None) takes the im2col route below.
+        route = conv_routes.library_route(x, weight, grad)
+        if route is not None:
+            # The conv2d above: grad is its input, x its output's gradient. What the
+            # library declines (None) takes the im2col route below.
             if self.needs_input_grad[0]:
-                grad_x = conv_onednn.forward(
+                grad_x = route.forward(
                     grad, weight, None, stride, padding, dilation, groups, tuple(x.shape)
                 )
             if self.needs_input_grad[1]:
-                gradients = conv_onednn.backward(
+                gradients = route.backward(
                     grad, weight, x, self.geometry, False, (False, True, False)
                 )
                 grad_weight = None if gradients is None else gradients[1]

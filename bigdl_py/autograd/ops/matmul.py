@@ -7,6 +7,10 @@ GEMM and takes a core from the tiles of the ops that come next (``conv_tiles`` g
 numbers). 2-d products (``Linear``'s three, a 2-d ``matmul``) are split along the longer
 side of the result, stacks of matrices along their leading axis.
 
+On the GPU every product here goes to ``cublas.py``: a cuBLAS handle of our own that a
+CUDA graph can capture, transposed operands passed as flags instead of copies, stacks as
+one strided-batched call (CuPy's ``matmul`` where that route declines).
+
 One exception: in a process whose ops have shared no tiles among threads for a second
 (``conv_tiles.tiles_shared_recently``), a 2-d product goes to BLAS at its own thread limit,
 whatever its size: a spinning BLAS thread then has no tile thread to slow down, and
@@ -27,6 +31,7 @@ import numpy as np
 
 from bigdl_py import backend, kernels
 from bigdl_py.autograd.function import Function
+from bigdl_py.autograd.ops import cublas
 from bigdl_py.autograd.ops.conv_tiles import (
     blas_is_openblas,
     for_each_tile,
@@ -59,6 +64,8 @@ def matmul_2d(a, b):
         # An outer product, as a one-output Linear's input gradient is: OpenBLAS's GEMM
         # takes 38 us for (1024, 1) @ (1, 32), the broadcast product 15 us (one thread).
         return a * b
+    if backend.is_cupy_array(a):
+        return cublas.matmul(a, b)  # our cuBLAS handle, or CuPy's matmul where it declines
     workers = 1 if backend.is_device_array(a) else worker_count()
     if workers == 1 or rows == 0 or columns == 0:
         return a @ b
@@ -87,8 +94,10 @@ def matmul_any(a, b):
     """``a @ b`` with NumPy's rules, on the CPU on the tile threads (see the module)."""
     if a.ndim == 2 and b.ndim == 2:
         return matmul_2d(a, b)
+    if backend.is_cupy_array(a):
+        return cublas.matmul(a, b)  # stacks as one strided-batched call where it can
     if a.ndim >= 2 and b.ndim >= 2 and kernels.route(a, b) is not None:
-        # A device stack: one strided-batched GEMM, transposed/broadcast operands uncopied.
+        # The strict device: the strided-batched call's NumPy model, operands uncopied.
         return products.matmul(a, b)
     xp = backend.array_module(a)
     workers = 1 if backend.is_device_array(a) else worker_count()

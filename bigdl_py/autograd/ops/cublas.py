@@ -1,0 +1,360 @@
+"""Matrix products on the GPU through a cuBLAS handle of our own (``ctypes``).
+
+Why: CuPy's ``matmul`` goes through CuPy's cuBLAS wrappers, which bind their handle to the
+current stream on every call; ``cublasSetStream`` drops the handle's workspace back to
+cuBLAS's own pool, and allocating from it inside a CUDA-graph capture breaks the capture.
+Our handle (one per device and thread, ``cuda_libraries.StreamHandles``) is given its
+workspace explicitly (``cublasSetWorkspace``) from CuPy's pool and is bound to a stream only
+when the stream changes, so once a warm-up step has run on the capture stream every product
+in the step can be captured. Products also skip CuPy's operand copies: a transposed operand
+(``weight.T`` in ``Linear``, the ``swapaxes`` of the gradients) is passed as a transpose
+flag with its leading dimension, and a stack of matrices (``matmul`` of 3-d and broadcast
+operands) is one strided-batched call, a broadcast operand having batch stride 0.
+
+cuBLAS is column-major and our arrays row-major, so ``C = A @ B`` runs as cuBLAS's
+``C^T = B^T @ A^T``: the row-major ``(R, C)`` matrix is the column-major ``(C, R)`` one
+with the same leading dimension (:func:`column_major_operand`, :func:`product_call`).
+
+TF32: float32 products take ``CUBLAS_COMPUTE_32F_FAST_TF32`` when
+``backend.allow_tf32(matmul=True)`` (off by default, as PyTorch's
+``torch.backends.cuda.matmul.allow_tf32``), ``CUBLAS_COMPUTE_32F`` otherwise; the compute
+type is given per call, so the handle's math mode stays ``CUBLAS_DEFAULT_MATH`` and a change
+of the setting applies at the next product. float16 products accumulate in float32, float64
+in float64.
+
+The library (``cuda_libraries``): ``BIGDL_PY_CUBLAS_LIBRARY``, then ``nvidia-cublas-cu12``
+(``nvidia/cublas/lib/libcublas.so.12``) or CUDA 13's ``nvidia-cublas``
+(``nvidia/cu13/lib/libcublas.so.13``), then the system or the copy CuPy loaded; its major
+version is CuPy's CUDA's. ``BIGDL_PY_CUBLAS=0`` turns the route off. Products it does not
+take (no library, integer or mixed dtypes, 1-d operands, empty or int32-overflowing sizes,
+operands no leading dimension describes, a batch of no single stride) run on CuPy's matmul.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import math
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from bigdl_py import backend
+from bigdl_py.autograd.ops import cuda_libraries
+
+SWITCH_VARIABLE = "BIGDL_PY_CUBLAS"
+LIBRARY_VARIABLE = "BIGDL_PY_CUBLAS_LIBRARY"
+
+# --- constants, named as in cuBLAS's and CUDA's headers (checked against them by the tests) --
+CUBLAS_STATUS_SUCCESS = 0
+CUBLAS_OP_N = 0
+CUBLAS_OP_T = 1
+CUBLAS_GEMM_DEFAULT = -1
+CUBLAS_DEFAULT_MATH = 0
+CUBLAS_COMPUTE_32F = 68
+CUBLAS_COMPUTE_32F_FAST_TF32 = 77
+CUBLAS_COMPUTE_64F = 70
+CUDA_R_16F = 2
+CUDA_R_32F = 0
+CUDA_R_64F = 1
+
+Pointer = ctypes.c_void_p
+_int = ctypes.c_int
+_long = ctypes.c_longlong
+
+# name -> (result type, argument types); the CPU tests check each against cublas_api.h.
+SIGNATURES: dict[str, tuple] = {
+    "cublasCreate_v2": (_int, [Pointer]),
+    "cublasGetVersion_v2": (_int, [Pointer, Pointer]),
+    "cublasGetStatusString": (ctypes.c_char_p, [_int]),
+    "cublasSetStream_v2": (_int, [Pointer, Pointer]),
+    "cublasSetWorkspace_v2": (_int, [Pointer, Pointer, ctypes.c_size_t]),
+    "cublasSetMathMode": (_int, [Pointer, _int]),
+    "cublasGemmEx": (
+        _int,
+        [Pointer, _int, _int, _int, _int, _int, Pointer]
+        + [Pointer, _int, _int] * 2
+        + [Pointer, Pointer, _int, _int, _int, _int],
+    ),
+    "cublasGemmStridedBatchedEx": (
+        _int,
+        [Pointer, _int, _int, _int, _int, _int, Pointer]
+        + [Pointer, _int, _int, _long] * 2
+        + [Pointer, Pointer, _int, _int, _long, _int, _int, _int],
+    ),
+}
+
+INT32_MAX = 2**31 - 1
+# (data type, compute type, scaling type) by operand dtype; float32's compute type is
+# decided per call by the TF32 setting.
+_TYPES = {
+    np.dtype(np.float16): (CUDA_R_16F, CUBLAS_COMPUTE_32F, ctypes.c_float),
+    np.dtype(np.float32): (CUDA_R_32F, CUBLAS_COMPUTE_32F, ctypes.c_float),
+    np.dtype(np.float64): (CUDA_R_64F, CUBLAS_COMPUTE_64F, ctypes.c_double),
+}
+
+
+class CublasError(RuntimeError):
+    """A cuBLAS call returned an error status."""
+
+
+def workspace_bytes(compute_capability_major: int) -> int:
+    """cuBLAS's recommended workspace: 32 MiB on Hopper and later, 4 MiB before (what its
+    own default pool gives each handle)."""
+    return (32 if compute_capability_major >= 9 else 4) << 20
+
+
+class _Library:
+    """libcublas with the argument types of the calls we make, and its handles."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.cublas = ctypes.CDLL(path)
+        for name, (result, arguments) in SIGNATURES.items():
+            function = getattr(self.cublas, name)  # AttributeError: not this library's
+            function.restype = result
+            function.argtypes = arguments
+        self.handles = cuda_libraries.StreamHandles(self._create_handle, self._bind)
+
+    def call(self, name: str, *args) -> None:
+        status = getattr(self.cublas, name)(*args)
+        if status != CUBLAS_STATUS_SUCCESS:
+            meaning = self.cublas.cublasGetStatusString(status) or b"unknown status"
+            raise CublasError(f"cuBLAS: {name} failed: {meaning.decode()} ({status})")
+
+    def _create_handle(self) -> Pointer:
+        handle = Pointer()
+        self.call("cublasCreate_v2", ctypes.byref(handle))
+        self.call("cublasSetMathMode", handle, CUBLAS_DEFAULT_MATH)
+        return handle
+
+    def _bind(self, bound: cuda_libraries.BoundHandle, stream: int) -> None:
+        """Bind to ``stream`` and give back our workspace, which ``cublasSetStream`` drops;
+        one workspace per stream, so that work queued on two streams never shares one."""
+        self.call("cublasSetStream_v2", bound.handle, Pointer(stream))
+        workspace = bound.buffers.get(stream)
+        if workspace is None:
+            cupy = backend.cupy_module()
+            major = int(cupy.cuda.Device().compute_capability) // 10
+            workspace = bound.buffers[stream] = cuda_libraries.device_buffer(workspace_bytes(major))
+        self.call(
+            "cublasSetWorkspace_v2",
+            bound.handle,
+            cuda_libraries.pointer(workspace),
+            workspace.nbytes,
+        )
+
+    def handle(self) -> Pointer:
+        return self.handles.current().handle
+
+
+@functools.cache
+def loaded() -> _Library | None:
+    """The library for CuPy's CUDA, loaded once; None where it does not load."""
+    try:
+        major = cuda_libraries.cuda_runtime_major()
+    except RuntimeError:  # no CuPy: nothing for the route to run on
+        return None
+    wheel_paths = (f"nvidia/cu{major}/lib/libcublas.so.{major}",)
+    if major == 12:
+        wheel_paths += ("nvidia/cublas/lib/libcublas.so.12",)
+    paths = cuda_libraries.candidate_paths(
+        LIBRARY_VARIABLE, wheel_paths, f"libcublas.so.{major}", cuda_libraries.site_directories()
+    )
+    library, _ = cuda_libraries.load_first(paths, _Library)
+    return library  # without it CuPy's matmul (which needs cuBLAS too) runs every product
+
+
+def available() -> bool:
+    """Whether the route may run: ``BIGDL_PY_CUBLAS`` is not 0 and the library loads."""
+    if os.environ.get(SWITCH_VARIABLE, "1").strip().lower() in ("0", "false", "no", "off"):
+        return False
+    return loaded() is not None
+
+
+# --- the call, worked out on shapes and strides alone ------------------------------------------
+
+
+@dataclass(frozen=True)
+class ColumnMajorOperand:
+    """How cuBLAS reads a row-major matrix: as the column-major transpose (``CUBLAS_OP_N``
+    in the swapped product) or, for a transposed view, with ``CUBLAS_OP_T``; ``leading``
+    is the leading dimension in elements."""
+
+    operation: int
+    leading: int
+
+
+def column_major_operand(shape, strides) -> ColumnMajorOperand | None:
+    """The operand of a ``(rows, columns)`` matrix with element ``strides``, or None when
+    no leading dimension describes it (a broadcast or a strided slice of both axes)."""
+    rows, columns = shape
+    row_stride, column_stride = strides
+    if rows == 1:  # a single row's row stride is never used: any valid one will do
+        row_stride = max(columns, 1) if column_stride == 1 else row_stride
+    if columns == 1:
+        column_stride = max(rows, 1) if row_stride == 1 else column_stride
+    if column_stride == 1 and row_stride >= max(columns, 1):
+        return ColumnMajorOperand(CUBLAS_OP_N, row_stride)
+    if row_stride == 1 and column_stride >= max(rows, 1):
+        return ColumnMajorOperand(CUBLAS_OP_T, column_stride)
+    return None
+
+
+def batch_stride(shape, strides) -> int | None:
+    """The one element stride between consecutive matrices of a stack whose batch axes
+    have ``shape`` and ``strides`` (0 for a broadcast), or None when there is none."""
+    axes = [(size, stride) for size, stride in zip(shape, strides, strict=True) if size != 1]
+    if not axes:
+        return 0
+    if any(stride < 0 for _, stride in axes):
+        return None
+    for (_, outer), (inner_size, inner) in zip(axes, axes[1:], strict=False):
+        if outer != inner * inner_size:
+            return None
+    return axes[-1][1]
+
+
+@dataclass(frozen=True)
+class ProductCall:
+    """One GEMM (``batch`` 1 and strides unused) or strided-batched GEMM, in cuBLAS's
+    terms: its ``A`` is our right operand ``b``, its ``B`` our left operand ``a``."""
+
+    b_operation: int
+    a_operation: int
+    m: int  # columns of the result
+    n: int  # rows of the result
+    k: int
+    b_leading: int
+    a_leading: int
+    result_leading: int
+    b_stride: int
+    a_stride: int
+    result_stride: int
+    batch: int
+
+
+def product_call(a_shape, a_strides, b_shape, b_strides, itemsize: int) -> ProductCall | None:
+    """The cuBLAS call computing ``a @ b`` into a new C-contiguous result, from the
+    operands' shapes and byte strides (2-d, or stacks with broadcastable batch axes), or
+    None when the route cannot take it."""
+    if len(a_shape) < 2 or len(b_shape) < 2:
+        return None
+    rows, inner = a_shape[-2:]
+    inner_b, columns = b_shape[-2:]
+    if inner != inner_b or 0 in (rows, inner, columns):
+        return None
+    try:
+        batch_shape = tuple(np.broadcast_shapes(tuple(a_shape[:-2]), tuple(b_shape[:-2])))
+    except ValueError:
+        return None
+    elements = [s // itemsize for s in a_strides], [s // itemsize for s in b_strides]
+    if any(s % itemsize for s in (*a_strides, *b_strides)):
+        return None
+    strides_by_operand = []
+    for shape, strides in ((a_shape, elements[0]), (b_shape, elements[1])):
+        padding = len(batch_shape) - (len(shape) - 2)
+        batch_strides = [0] * padding + [
+            stride if size != 1 else 0
+            for size, stride in zip(shape[:-2], strides[:-2], strict=True)
+        ]
+        stride = batch_stride(batch_shape, batch_strides)
+        operand = column_major_operand(shape[-2:], strides[-2:])
+        if stride is None or operand is None:
+            return None
+        strides_by_operand.append((operand, stride))
+    (a_operand, a_stride), (b_operand, b_stride) = strides_by_operand
+    batch = math.prod(batch_shape)
+    sizes = (rows, inner, columns, batch, a_operand.leading, b_operand.leading)
+    if max(sizes) > INT32_MAX or batch == 0:
+        return None
+    return ProductCall(
+        b_operand.operation,
+        a_operand.operation,
+        columns,
+        rows,
+        inner,
+        b_operand.leading,
+        a_operand.leading,
+        columns,
+        b_stride,
+        a_stride,
+        rows * columns,
+        batch,
+    )
+
+
+# --- running it ---------------------------------------------------------------------------------
+
+
+def compute_type(dtype) -> int:
+    """cuBLAS's compute type for ``dtype`` under the TF32 setting (see the module)."""
+    dtype = np.dtype(dtype)
+    if dtype == np.float32 and backend.tf32_settings()["matmul"]:
+        return CUBLAS_COMPUTE_32F_FAST_TF32
+    return _TYPES[dtype][1]
+
+
+def matmul(a, b):
+    """``a @ b`` of CuPy arrays (NumPy's rules) on our handle, or CuPy's ``matmul`` where
+    the route does not take the product (see the module)."""
+    xp = backend.array_module(a)
+    dtype = np.dtype(a.dtype)
+    call = None
+    if dtype in _TYPES and b.dtype == dtype and available():
+        call = product_call(a.shape, a.strides, b.shape, b.strides, dtype.itemsize)
+    if call is None:
+        return xp.matmul(a, b)
+    batch_shape = tuple(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
+    out = xp.empty(batch_shape + (a.shape[-2], b.shape[-1]), dtype=dtype)
+    run(call, a, b, out)
+    return out
+
+
+def run(call: ProductCall, a, b, out) -> None:
+    """Queue ``call`` on the current stream: ``out`` (C-contiguous) = ``a @ b``."""
+    library = loaded()
+    data_type, _, scaling = _TYPES[np.dtype(out.dtype)]
+    one, zero = scaling(1.0), scaling(0.0)
+    common = (library.handle(), call.b_operation, call.a_operation, call.m, call.n, call.k)
+    if call.batch == 1:
+        library.call(
+            "cublasGemmEx",
+            *common,
+            ctypes.byref(one),
+            int(b.data.ptr),
+            data_type,
+            call.b_leading,
+            int(a.data.ptr),
+            data_type,
+            call.a_leading,
+            ctypes.byref(zero),
+            int(out.data.ptr),
+            data_type,
+            call.result_leading,
+            compute_type(out.dtype),
+            CUBLAS_GEMM_DEFAULT,
+        )
+        return
+    library.call(
+        "cublasGemmStridedBatchedEx",
+        *common,
+        ctypes.byref(one),
+        int(b.data.ptr),
+        data_type,
+        call.b_leading,
+        call.b_stride,
+        int(a.data.ptr),
+        data_type,
+        call.a_leading,
+        call.a_stride,
+        ctypes.byref(zero),
+        int(out.data.ptr),
+        data_type,
+        call.result_leading,
+        call.result_stride,
+        call.batch,
+        compute_type(out.dtype),
+        CUBLAS_GEMM_DEFAULT,
+    )
