@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from bigdl_py import backend
+from bigdl_py.nn.serialization import atomic_write
 from bigdl_py.spark import worker
 from bigdl_py.spark.partitioned_data import run_directory
 from bigdl_py.spark.replica import RunSpec
@@ -64,13 +65,15 @@ class ShardStateStore:
         header = json.dumps(
             [[key, array.dtype.str, list(array.shape)] for key, array in arrays.items()]
         ).encode()
-        temporary = self.path(iteration) + f".tmp-{os.getpid()}"
-        with open(temporary, "wb") as handle:
+
+        def write(handle) -> None:
             handle.write(_HEADER_LENGTH.pack(len(header)))
             handle.write(header)
             for array in arrays.values():
                 handle.write(memoryview(np.ascontiguousarray(array)).cast("B"))
-        os.replace(temporary, self.path(iteration))
+
+        # A scratch file (a lost host's state is recomputed, not recovered): no disk flush.
+        atomic_write(self.path(iteration), write, durable=False)
         for old in glob.glob(os.path.join(self.directory, f"optim-{self.shard}-after-*.state")):
             done = int(old.rsplit("-", 1)[1].split(".")[0])
             if done < min(iteration - 1, iteration if retain_from is None else retain_from):

@@ -22,6 +22,7 @@ import numpy as np
 
 from bigdl_py.data import ArrayDataset, MiniBatch
 from bigdl_py.data.sample import Sample, split_bounds
+from bigdl_py.nn.serialization import atomic_write
 from bigdl_py.spark import worker
 from bigdl_py.spark.batch_plan import PartitionedBatchPlan
 from bigdl_py.spark.session import job_description
@@ -70,10 +71,8 @@ def default_state_dir() -> str:
 
 
 def save_npy_atomically(path: str, array: np.ndarray) -> None:
-    temporary = f"{path}.tmp-{os.getpid()}"
-    with open(temporary, "wb") as handle:
-        np.save(handle, array, allow_pickle=False)
-    os.replace(temporary, path)
+    """``array`` as a ``.npy`` file that no reader sees half written (a run's scratch file)."""
+    atomic_write(path, lambda handle: np.save(handle, array, allow_pickle=False), durable=False)
 
 
 # --- a partition's training data on its host --------------------------------------------------
