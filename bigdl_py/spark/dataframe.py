@@ -36,6 +36,7 @@ import numpy as np
 import pyarrow as pa
 
 from bigdl_py.data.arrow_tables import ColumnSpec, ShapeSpec, feature_column_groups, table_to_arrays
+from bigdl_py.data.spark_types import is_dataframe, is_rdd
 from bigdl_py.data.validation import uneven_partitions
 
 if TYPE_CHECKING:
@@ -435,13 +436,6 @@ def arrays_to_dataframe(
 # --- the training input of DistriOptimizer -------------------------------------------------
 
 
-def _is_spark(data: Any, module: str, name: str) -> bool:
-    """Whether ``data`` is a PySpark ``name`` (without importing pyspark on this path)."""
-    return any(
-        cls.__module__.startswith(module) and cls.__name__ == name for cls in type(data).__mro__
-    )
-
-
 def _python_error(error: Exception) -> Exception:
     """A failed job's Python error (its last ``TypeError: ...`` line), re-raised alone."""
     kinds = {"TypeError": TypeError, "ValueError": ValueError}
@@ -643,7 +637,7 @@ def prepare_training_input(
         first = tuple(array[0] for array in data.features)
         labels = class_indices(data.labels, "labels", _class_count(model, first), ignore_index)
         return ArrayDataset(data.features, labels, check_finite=False)  # checked once above
-    if _is_spark(data, "pyspark.sql", "DataFrame"):
+    if is_dataframe(data):
         first_row = dataframe_to_arrays(data.limit(1), feature_cols, label_col, feature_shape)
         features = first_row[0] if isinstance(first_row[0], tuple) else (first_row[0],)
         if len(first_row[1]) == 0:
@@ -659,7 +653,7 @@ def prepare_training_input(
         rule = _LabelRule(class_loss, num_classes, ignore_index)
         blocks = dataframe_to_partition_arrays(data, feature_cols, label_col, feature_shape)
         return blocks.mapPartitionsWithIndex(rule.blocks)
-    if not _is_spark(data, "pyspark", "RDD"):
+    if not is_rdd(data):
         return data
     sc.setJobDescription("bigdl_py: count and check the training records")
     try:

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from bigdl_py.data.spark_types import is_dataframe, is_spark_data
 from bigdl_py.nn.module import Module
 from bigdl_py.optim import ConstantClipping, L2NormClipping, OptimMethod
 from bigdl_py.optim.flat_parameters import FlatParameters
@@ -35,8 +36,6 @@ from bigdl_py.spark.modes import TrainingMode, resolve_mode
 from bigdl_py.spark.partitioned_data import (
     DistributedTrainingError,
     PartitionedData,
-    is_dataframe,
-    is_rdd,
     prepare_training,
 )
 from bigdl_py.spark.replica import RunSpec
@@ -514,7 +513,7 @@ class DistriOptimizer(BaseOptimizer):
         return super()._check_batch_size(batch_size)
 
     def _as_validation_set(self, dataset: Any) -> Any:
-        if is_rdd(dataset) or is_dataframe(dataset):
+        if is_spark_data(dataset):
             reading = self._dataframe_reading if is_dataframe(dataset) else {}
             return SparkValidationSet(dataset, reading)
         return batch_io.as_array_dataset(dataset, "validation dataset", shuffle=False, train=False)

@@ -41,6 +41,7 @@ from bigdl_py.autograd.grad_mode import no_grad
 from bigdl_py.autograd.tensor import Tensor
 from bigdl_py.data import MiniBatch, Sample, table_to_arrays
 from bigdl_py.data.arrow_tables import ColumnSpec, ShapeSpec
+from bigdl_py.data.spark_types import is_dataframe, is_rdd
 from bigdl_py.nn import LogSoftmax, Module, Sequential, Sigmoid, Softmax
 from bigdl_py.spark import worker
 from bigdl_py.spark.arrow_features import feature_batch, first_null, nonfinite_columns
@@ -425,19 +426,11 @@ def _predict_dataframe(df, predictor, feature_cols, feature_shape, prediction_co
 # --- the public entry points ---------------------------------------------------------------
 
 
-def _is_dataframe(data: Any) -> bool:
-    from pyspark.sql import DataFrame
-
-    return isinstance(data, DataFrame)
-
-
 def _spark_context(data: Any) -> SparkContext:
-    from pyspark import RDD
-
     require_classic_spark(data, "predict and evaluate", CONNECT_INFERENCE_ALTERNATIVE)
-    if _is_dataframe(data):
+    if is_dataframe(data):
         return data.sparkSession.sparkContext
-    if isinstance(data, RDD):
+    if is_rdd(data):
         return data.context
     raise TypeError(
         f"data must be a pyspark RDD or DataFrame, got {type(data).__name__}; for local "
@@ -543,7 +536,7 @@ def predict(
         _final_activation(model),
         nonfinite,
     )
-    if _is_dataframe(data):
+    if is_dataframe(data):
         dtype = _input_dtype(model)
         return _predict_dataframe(
             data, predictor, feature_cols, feature_shape, prediction_col, dtype
@@ -649,7 +642,7 @@ def evaluate(
     batch_size = _check_batch_size(batch_size, "evaluate")
     device_request = check_device_request(device)
     sc = _spark_context(data)
-    if _is_dataframe(data):
+    if is_dataframe(data):
         source = dataframe_to_partition_arrays(
             data, feature_cols, label_col, feature_shape, _input_dtype(model)
         )

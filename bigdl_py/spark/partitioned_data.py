@@ -22,6 +22,7 @@ import numpy as np
 
 from bigdl_py.data import ArrayDataset, MiniBatch
 from bigdl_py.data.sample import Sample, split_bounds
+from bigdl_py.data.spark_types import is_dataframe, is_rdd
 from bigdl_py.nn.serialization import atomic_write
 from bigdl_py.spark import worker
 from bigdl_py.spark.batch_plan import PartitionedBatchPlan
@@ -115,21 +116,6 @@ def load_partition_data(handle: dict) -> tuple[tuple, np.ndarray]:
             "by the executors, or keep spark.locality.wait above 0"
         ) from None
     return features, labels
-
-
-def is_rdd(data: Any) -> bool:
-    """Whether ``data`` is a PySpark RDD (without importing pyspark)."""
-    return any(
-        cls.__module__.startswith("pyspark") and cls.__name__ == "RDD" for cls in type(data).__mro__
-    )
-
-
-def is_dataframe(data: Any) -> bool:
-    """Whether ``data`` is a Spark DataFrame (without importing pyspark)."""
-    return any(
-        cls.__module__.startswith("pyspark.sql") and cls.__name__ == "DataFrame"
-        for cls in type(data).__mro__
-    )
 
 
 def training_rdd(
