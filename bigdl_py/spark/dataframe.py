@@ -38,6 +38,7 @@ import pyarrow as pa
 from bigdl_py.data.arrow_tables import ColumnSpec, ShapeSpec, feature_column_groups, table_to_arrays
 from bigdl_py.data.spark_types import is_dataframe, is_rdd
 from bigdl_py.data.validation import uneven_partitions
+from bigdl_py.spark.worker import task_partition_id
 
 if TYPE_CHECKING:
     from pyspark import RDD
@@ -100,13 +101,6 @@ def _decode_batches(rows: Iterator[Any]) -> Iterator[pa.RecordBatch]:
         yield from reader
 
 
-def _partition_id() -> int | None:
-    from pyspark import TaskContext
-
-    context = TaskContext.get()
-    return context.partitionId() if context is not None else None
-
-
 class _PartitionConverter:
     """One partition's record batches -> one ``(features, labels)`` block (a task's function).
 
@@ -138,7 +132,7 @@ class _PartitionConverter:
             )
         except (ValueError, TypeError, KeyError) as error:
             # Rows in the message count from the start of this partition; say which one.
-            raise type(error)(f"partition {_partition_id()}: {error}") from error
+            raise type(error)(f"partition {task_partition_id()}: {error}") from error
 
 
 # --- the driver side -----------------------------------------------------------------------

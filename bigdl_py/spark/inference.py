@@ -200,7 +200,7 @@ class _BatchPredictor:
     def row_name(self, row: int) -> str:
         """Row ``row`` of the current batch, as a message names it."""
         return (
-            f"partition {_partition_id()}, row {self.rows_seen + row} (counted from the "
+            f"partition {worker.task_partition_id()}, row {self.rows_seen + row} (counted from the "
             "partition's first row)"
         )
 
@@ -290,13 +290,6 @@ def _stack(records: list) -> tuple:
         raise ValueError(
             f"predict: records in one batch must have equal feature shapes, found {shapes}"
         ) from error
-
-
-def _partition_id() -> int | None:
-    from pyspark import TaskContext
-
-    context = TaskContext.get()
-    return context.partitionId() if context is not None else None
 
 
 def nonfinite_rows(features: tuple) -> np.ndarray | None:
@@ -576,7 +569,7 @@ def _finite_batches(batches: Iterable[MiniBatch]) -> Iterator[MiniBatch]:
         if bad is not None:
             row = first_row + int(np.flatnonzero(bad)[0])
             raise ValueError(
-                f"evaluate: partition {_partition_id()}, row {row} "
+                f"evaluate: partition {worker.task_partition_id()}, row {row} "
                 f"(counted from the partition's first row) has NaN or Inf features "
                 f"({int(bad.sum())} such rows in its batch); clean or filter the data"
             )
