@@ -21,9 +21,10 @@ from typing import Any
 import numpy as np
 
 from bigdl_py.data import ArrayDataset, MiniBatch
-from bigdl_py.data.sample import Sample, split_bounds
+from bigdl_py.data.sample import Sample
 from bigdl_py.data.spark_types import is_dataframe, is_rdd
 from bigdl_py.nn.serialization import atomic_write
+from bigdl_py.optim.sharding import all_slice_bounds
 from bigdl_py.spark import worker
 from bigdl_py.spark.batch_plan import PartitionedBatchPlan
 from bigdl_py.spark.session import job_description
@@ -152,7 +153,7 @@ def training_rdd(
             )
         blocks = [
             MiniBatch(tuple(np.asarray(f[start:stop]) for f in features), labels[start:stop])
-            for start, stop in split_bounds(size, num_partitions)
+            for start, stop in all_slice_bounds(size, num_partitions)
         ]
         broadcasts = [sc.broadcast(block) for block in blocks]
         parts = [sc.parallelize([0], 1).map(lambda _, b=b: b.value) for b in broadcasts]
