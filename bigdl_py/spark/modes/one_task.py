@@ -7,7 +7,7 @@ single task per job: the task reads every partition's cached data (``coalesce(1)
 shuffle) and, for each iteration, trains the partitions' shares of the global batch on ``R``
 model replicas at once (``R`` = the run's partitions, at most the machine's cores): the
 task's thread trains replica 0, and each other replica lives in a child process forked from
-the task's worker (``bigdl_py.spark.replica_process``: weights and gradients through shared
+the task's worker (``bigdl_py.spark.modes.replica_process``: weights and gradients through shared
 memory, so the replicas do not take turns at the GIL), or on a thread of the task where the
 platform cannot fork or the replicas are on a GPU. It adds their gradients in partition
 order and steps the whole vector with the whole optimizer state. With ``R``
@@ -45,9 +45,9 @@ from bigdl_py import backend
 from bigdl_py.optim.sharding import all_slice_bounds, concatenate_state_dicts, split_state_dict
 from bigdl_py.spark import collectives, owner_update, worker
 from bigdl_py.spark.modes import TrainingMode
+from bigdl_py.spark.modes.replica_process import ReplicaProcess, processes_available
 from bigdl_py.spark.partitioned_data import drain, load_partition_data
 from bigdl_py.spark.replica import Replica, forward_backward
-from bigdl_py.spark.replica_process import ReplicaProcess, processes_available
 
 #: A job is one task however many iterations it holds: the Spark job's fixed cost (40-80 ms
 #: quiet, 55-280 ms from the driver's call to the task's first line and back with other
