@@ -37,7 +37,7 @@ class ShardStateStore:
     A file is a JSON header naming each array's key, dtype and shape, then the arrays' raw
     bytes, each written straight from the array: NumPy's ``.npz`` (a zip file) computes a
     CRC-32 of every byte and copies it through the zip writer, which made saving 3-4x
-    slower (9 MB of Adam state: 120 ms -> 28 ms, load ~16 on 2 cores).
+    slower (``bench/RESULTS.md``).
     """
 
     def __init__(self, directory: str, shard: int | str):

@@ -1,8 +1,8 @@
 """``update="one-task"``: every partition's share of a global batch trains in ONE Spark task.
 
 Where every partition lies on one machine (Spark's local mode), a Spark stage per iteration
-(35-45 ms on the bench machine; the exact modes cannot chain iterations without one) buys
-nothing that one process does not. This mode runs the same exact synchronous SGD in a
+(tens of milliseconds; the exact modes cannot chain iterations without one) buys nothing
+that one process does not. This mode runs the same exact synchronous SGD in a
 single task per job: the task reads every partition's cached data (``coalesce(1)``, no
 shuffle) and, for each iteration, trains the partitions' shares of the global batch on ``R``
 model replicas at once (``R`` = the run's partitions, at most the machine's cores): the
@@ -16,13 +16,9 @@ replica normalises its own share (BatchNorm), draws partition ``j``'s dropout st
 partition 0's replica keeps the run's running statistics. With fewer replicas one
 trains several neighbouring shares at once; with one, the whole batch.
 
-Measured on the bench machine (``bench/RESULTS.md``, 2026-11-25 07:07, ``local[2]``, batch
-128): LeNet-5 11,401-11,901 samples/s against 1,837-1,879 for replicated:16 and 12,009 for
-a LocalOptimizer in the same process; the CIFAR CNN 653-656 against 347-386 (LocalOptimizer
-696). Two replica threads took LeNet-5's forward-backward at batch 128 to 9.35 ms against
-11.55 for one replica on both threads (the autograd's Python holds the GIL between NumPy
-calls); the second replica in a child process took a step to 8.41 ms against 12.70 on a
-thread (medians, ``replica_process``'s docstring). ``update="auto"`` picks this mode in local mode.
+In local mode it runs within a few per cent of a LocalOptimizer in the same process and
+several times faster than either exact mode (``bench/RESULTS.md``), so ``update="auto"``
+picks it there.
 
 Everything else holds as in the exact modes: checkpoints have their layout (slice ``j`` of
 the state in entry ``j``) and resume exactly, in this mode or another; the state is written
@@ -49,17 +45,16 @@ from bigdl_py.spark.modes.replica_process import ReplicaProcess, processes_avail
 from bigdl_py.spark.partitioned_data import drain, load_partition_data
 from bigdl_py.spark.replica import Replica, forward_backward
 
-#: A job is one task however many iterations it holds: the Spark job's fixed cost (40-80 ms
-#: quiet, 55-280 ms from the driver's call to the task's first line and back with other
-#: work on the 2 cores) is paid once per this many iterations at least (a trigger, an epoch's
-#: end still end a job early). Progress and summaries arrive a job at a time, so a model whose
-#: iterations take seconds runs short jobs: ResNet-18's (11 M parameters) take 3.3 s each on
-#: the bench machine, where 64 of them would leave the progress bar still for 3.5 minutes.
+#: A job is one task however many iterations it holds: the Spark job's fixed cost (tens of
+#: milliseconds, more with other work on the cores) is paid once per this many iterations at
+#: least (a trigger, an epoch's end still end a job early). Progress and summaries arrive a
+#: job at a time, so a model whose iterations take seconds runs short jobs (ResNet-18's
+#: iterations take seconds each: 64 of them would leave the progress bar still for minutes).
 MIN_ITERATIONS_PER_JOB = 64
 # Models of at most this many bytes of parameters run SMALL_MODEL_ITERATIONS_PER_JOB at
-# least: their iterations take milliseconds (LeNet-5's 0.24 MB: 8-12 ms at batch 128), where
-# the job's cost weighs most; 128 of them still report progress every second or two, and a
-# validation every 117 iterations (bench/time_to_accuracy.py) then ends one job, not two.
+# least: their iterations take milliseconds, where the job's cost weighs most; 128 of them
+# still report progress every second or two, and a validation every 117 iterations
+# (bench/time_to_accuracy.py) then ends one job, not two.
 SMALL_MODEL_BYTES = 1 << 20
 SMALL_MODEL_ITERATIONS_PER_JOB = 128
 # Above this many bytes of parameters, a job runs LARGE_MODEL_ITERATIONS_PER_JOB at least.
