@@ -42,7 +42,9 @@ from bigdl_py.optim.sharding import all_slice_bounds, concatenate_state_dicts, s
 from bigdl_py.spark import collectives, owner_update, worker
 from bigdl_py.spark.modes import TrainingMode
 from bigdl_py.spark.modes.replica_process import ReplicaProcess, processes_available
+from bigdl_py.spark.modes.stages import Stage, chain_end
 from bigdl_py.spark.partitioned_data import drain, load_partition_data
+from bigdl_py.spark.records import HistoryEntry
 from bigdl_py.spark.replica import Replica, forward_backward
 
 #: A job is one task however many iterations it holds: the Spark job's fixed cost (tens of
@@ -203,31 +205,28 @@ def _train_with_helpers(helpers, pieces, train_own, weights, spec, iteration, fr
 def _train_chain(chain):
     """The task: the chain's iterations one after another, then slice ``j`` of the weights
     for each partition ``j`` (the driver joins them as it does every mode's)."""
-    num_partitions, bounds, first = chain.num_partitions, chain.bounds, chain.first
-    load_spec, get_weights, get_frozen = chain.load_spec, chain.get_weights, chain.get_frozen
-    driver_buffers, resumed_states = chain.buffers, chain.initial_states
+    stage = Stage.of(chain, reads_driver=True, first_update=True)
     shares, schedules = chain.shares, chain.schedules
-    stop_after_nonfinite, retain_from = chain.stop_after_nonfinite, chain.retain_from
     # Fixed on the driver: which shares a replica trains (and so its batch statistics and
     # the order of the gradients' sum) must not depend on the host a retried task runs on.
-    threads = max(1, min(num_partitions, os.cpu_count() or 1))
-    groups = all_slice_bounds(num_partitions, threads)  # partitions [a, b) per thread
+    threads = max(1, min(stage.num_partitions, os.cpu_count() or 1))
+    groups = all_slice_bounds(stage.num_partitions, threads)  # partitions [a, b) per thread
 
     def task(rows):
         entered = time.time()
-        spec = load_spec()
+        spec = stage.load_spec()
         handles = sorted(drain(rows), key=lambda handle: handle["partition"])
         offsets = np.cumsum([0] + [int(handle["size"]) for handle in handles])
         # Each replica's ops run on its own thread: BLAS (and the convolutions' tiles) get one.
         with backend.blas_threads(1):
             replicas = _replicas(spec, handles, groups)
-            if driver_buffers:
-                replicas[0].load_buffers(driver_buffers)
-            method = owner_update.owned_shard(spec, 0, first, resumed_states)
-            weights = get_weights()
-            halted, history, frozen = False, [], get_frozen()
+            carried = stage.start()
+            if carried.buffers:
+                replicas[0].load_buffers(carried.buffers)
+            method = owner_update.owned_shard(spec, 0, stage.first, stage.resumed_states)
+            weights, halted, history, frozen = carried.weights, False, [], stage.get_frozen()
             for step, share in enumerate(shares):
-                iteration = first + step
+                iteration = stage.first + step
                 if halted:  # stopped by a non-finite loss: nothing changes any more
                     continue
                 pieces = [
@@ -264,45 +263,26 @@ def _train_chain(chain):
                 loss_sum = float(sum(result[1] for result in results))
                 samples = int(sum(result[2] for result in results))
                 update_started = time.perf_counter()
-                schedule = schedules[step]
-                owner_update.clip_summed_slice(spec, gradient)
-                l2_scale = owner_update.global_norm_scale(spec, gradient)
-                if np.isfinite(loss_sum) and np.isfinite(l2_scale):
-                    weights = owner_update.update_owned_slice(
-                        method, weights, gradient, 0, schedule, l2_scale
-                    )
-                else:
-                    owner_update.follow_schedule_only(method, schedule)
-                    halted = stop_after_nonfinite
+                weights = owner_update.owner_step(
+                    spec, method, weights, gradient, loss_sum, schedules[step]
+                )
+                halted = owner_update.stops_chain(loss_sum, stage.stop_after_nonfinite)
                 history.append(
-                    {
-                        "loss_sum": loss_sum,
-                        "count": samples,
-                        "forward_backward": update_started - started,
-                        "update": time.perf_counter() - update_started,
-                    }
+                    HistoryEntry(
+                        loss_sum,
+                        samples,
+                        update_started - started,
+                        time.perf_counter() - update_started,
+                    )
                 )
             # One state file per job: a retry of this task starts from the job's first
             # iteration, whose file stays (``retain_from``) until the next job ends.
-            last = first + len(history) - 1  # the driver counts the iterations that ran
-            owner_update.keep_shard(spec, 0, method, last, retain_from)
+            last = stage.first + len(history) - 1  # the driver counts the iterations that ran
+            owner_update.keep_shard(spec, 0, method, last, stage.retain_from)
             buffers = replicas[0].buffers() if replicas[0].buffer_names else None
-        left = time.time()
-        timings = {
-            "fb_entered": entered,
-            "fb_left": left,
-            "update_entered": entered,
-            "update_left": left,
-        }
-        for partition in range(num_partitions):
-            start, stop = bounds[partition]
-            yield (
-                partition,
-                weights[start:stop],
-                history if partition == 0 else None,
-                buffers if partition == 0 else None,
-                timings,
-                None,
-            )
+        ended = carried._replace(weights=weights, halted=halted, history=history, buffers=buffers)
+        clock = (entered, time.time())
+        for partition in range(stage.num_partitions):
+            yield chain_end(partition, stage.slice_of(weights, partition), ended, clock, clock[0])
 
     return task
