@@ -104,7 +104,7 @@ def _update_owned_slice(chain, step: int):
     """Stage 2 of iteration ``chain.first + step``: owners sum, clip and step their slices,
     then send them to every partition (BigDL's *sendWeightPartition*) or, at the chain's
     end, to the driver."""
-    stage = Stage.of(chain, first_update=step == 0)
+    stage = Stage.of(chain, first_update=step == 0, forward_backward=False)
     iteration, schedule = chain.first + step, chain.schedules[step]
     last = step == chain.count - 1
 
@@ -158,7 +158,7 @@ def _run_clipped_iteration(run, chain, description: str) -> list[dict]:
     squares of the clipped sums (job 1); the driver adds them up for the scale; the owners
     step (job 2, no shuffle)."""
     iteration, bounds = chain.first, chain.bounds
-    summing = Stage.of(chain)
+    summing = Stage.of(chain, forward_backward=False)
     load_spec, get_weights = chain.load_spec, chain.get_weights
     initial_states, schedule = chain.initial_states, chain.schedules[0]
     submitted = time.time()

@@ -71,10 +71,19 @@ class Stage:
     resumed_states: dict | None = None  # the chain's first update only
 
     @classmethod
-    def of(cls, chain: Chain, *, reads_driver: bool = False, first_update: bool = False) -> Stage:
-        """The stage of ``chain`` that starts from the driver's weights (``reads_driver``:
-        its input is the cached handles RDD) and/or makes the chain's first update (which
-        alone reads a resume's optimizer state)."""
+    def of(
+        cls,
+        chain: Chain,
+        *,
+        reads_driver: bool = False,
+        first_update: bool = False,
+        forward_backward: bool = True,
+    ) -> Stage:
+        """A stage of ``chain``: the one that starts from the driver's weights
+        (``reads_driver``: its input is the cached handles RDD) and/or makes the chain's
+        first update (which alone reads a resume's optimizer state). A stage that runs no
+        forward-backward is not handed the frozen parameters' values (up to a couple of MB
+        in each task's closure)."""
         return cls(
             first=chain.first,
             count=chain.count,
@@ -82,7 +91,7 @@ class Stage:
             bounds=chain.bounds,
             load_spec=chain.load_spec,
             handles=chain.handles,
-            get_frozen=chain.get_frozen,
+            get_frozen=chain.get_frozen if forward_backward else _no_frozen_weights,
             stop_after_nonfinite=chain.stop_after_nonfinite,
             retain_from=chain.retain_from,
             driver_weights=chain.get_weights if reads_driver else None,
@@ -100,6 +109,10 @@ class Stage:
         """Slice ``partition`` of the whole vector ``weights``."""
         start, stop = self.bounds[partition]
         return weights[start:stop]
+
+
+def _no_frozen_weights() -> None:
+    return None
 
 
 class StageInput(NamedTuple):
