@@ -72,7 +72,9 @@ def _put_gradients(chain, step: int):
     iteration, shares = chain.first + step, chain.shares[step]
 
     def body(inp):
-        carried = inp.carried or _gather_weights(inp.partition, inp.rows, stage.num_partitions)
+        carried = inp.carried  # the driver's, at the chain's start; else the owners' slices
+        if carried is None:
+            carried = _gather_weights(inp.partition, inp.rows, stage.num_partitions)
         gradient, report = partition_gradient(stage, inp, carried, shares[inp.partition], iteration)
         for owner, piece in collectives.pieces_for_owners(
             inp.partition, gradient, stage.num_partitions, inp.spec.wire_dtype
