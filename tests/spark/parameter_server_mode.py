@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from bigdl_py.optim.sharding import concatenate_state_dicts, split_state_dict
-from bigdl_py.spark import collectives, owner_update
+from bigdl_py.spark import collectives
 from bigdl_py.spark.modes import TrainingMode
 from bigdl_py.spark.modes.stages import (
     Stage,
@@ -23,6 +23,7 @@ from bigdl_py.spark.modes.stages import (
     partition_gradient,
     receive_gradients,
     stage_task,
+    update_received,
 )
 from bigdl_py.spark.records import Carried, GradientRecord
 
@@ -92,18 +93,7 @@ def _serve(chain, stage, step):
         if inp.partition != SERVER:
             return
         received = receive_gradients(SERVER, inp.rows, stage.num_partitions)
-        weights = owner_update.update_owned(
-            inp.spec,
-            SERVER,
-            iteration,
-            stage.resumed_states,
-            received.weights,
-            received.summed,
-            received.loss_sum,
-            schedule,
-            halted=received.halted,
-            retain_from=stage.retain_from,
-        )
+        weights = update_received(stage, inp, received, iteration, schedule)
         carried = after_update(received, weights, stage, inp.started)
         if last:  # the server holds every slice: one result per partition
             for partition in range(stage.num_partitions):

@@ -60,7 +60,7 @@ The building blocks, so that a mode says only which records go where:
   the previous stage's records later: :class:`~bigdl_py.spark.modes.stages.StageInput`);
   ``body(inp)`` yields ``(destination, record)`` pairs, or, in the last stage, one
   ``chain_end(...)``. The exact modes' pieces: ``partition_gradient``,
-  ``receive_gradients``, ``after_update``.
+  ``receive_gradients``, ``update_received``, ``after_update``.
 * :mod:`bigdl_py.spark.records` — the record kinds every mode shares:
   ``GradientRecord.addressed`` (a gradient or its slice, to the partition that adds it up),
   ``Carried`` (what one iteration hands the next). A mode's own kinds are NamedTuples in

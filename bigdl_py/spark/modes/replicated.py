@@ -26,6 +26,7 @@ from bigdl_py.spark.modes.stages import (
     partition_gradient,
     receive_gradients,
     stage_task,
+    update_received,
 )
 from bigdl_py.spark.records import GradientRecord
 
@@ -70,18 +71,9 @@ def _iteration(chain, stage: Stage, step: int):
         carried = inp.carried
         if carried is None:  # iteration first + step - 1's gradients: update every replica
             received = receive_gradients(inp.partition, inp.rows, stage.num_partitions)
-            weights = owner_update.update_owned(
-                inp.spec,
-                inp.partition,
-                first + step - 1,
-                stage.resumed_states,
-                received.weights,
-                received.summed,
-                received.loss_sum,
-                schedule,
-                halted=received.halted,
-                retain_from=stage.retain_from,
-                background=True,  # written during the next forward-backward
+            # The state file is written during the next forward-backward.
+            weights = update_received(
+                stage, inp, received, first + step - 1, schedule, background=True
             )
             carried = after_update(received, weights, stage, inp.started)
             if step == count:  # the end of the chain: slice j to the driver

@@ -33,6 +33,7 @@ from bigdl_py.spark.modes.stages import (
     partition_gradient,
     receive_gradients,
     stage_task,
+    update_received,
 )
 from bigdl_py.spark.partitioned_data import drain, run_directory, save_npy_atomically
 from bigdl_py.spark.records import Carried, ChainResult, GradientRecord
@@ -113,19 +114,10 @@ def _update_owned_slice(chain, step: int):
     def body(inp):
         owner = inp.partition
         received = receive_gradients(owner, inp.rows, stage.num_partitions)
-        new_slice = owner_update.update_owned(
-            inp.spec,
-            owner,
-            iteration,
-            stage.resumed_states,
-            received.weights,
-            received.summed,
-            received.loss_sum,
-            schedule,
-            start=stage.bounds[owner][0],
-            halted=received.halted,
-            retain_from=stage.retain_from,
-            background=True,  # written while the new slice goes out to the partitions
+        # The state file is written while the new slice goes out to the partitions.
+        start = stage.bounds[owner][0]
+        new_slice = update_received(
+            stage, inp, received, iteration, schedule, start=start, background=True
         )
         carried = after_update(received, new_slice, stage, inp.started)
         if last:

@@ -20,8 +20,8 @@ A mode builds a job (:meth:`TrainingMode.build_chain`) as Spark stages joined by
 :class:`Stage` is what a stage's tasks know of their chain (never the chain's RDD; the
 driver's weights and a resume's optimizer state only in the stage that reads them).
 The exact modes' pieces sit here too: :func:`partition_gradient` (a forward-backward on the
-share of the global batch) and, on the updating side, :func:`receive_gradients` and
-:func:`after_update`.
+share of the global batch) and, on the updating side, :func:`receive_gradients`,
+:func:`update_received` (the owner step on them) and :func:`after_update`.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from bigdl_py.spark import collectives
-from bigdl_py.spark.owner_update import finishing_state_writes, stops_chain
+from bigdl_py.spark.owner_update import finishing_state_writes, stops_chain, update_owned
 from bigdl_py.spark.partitioned_data import drain
 from bigdl_py.spark.records import (
     Carried,
@@ -238,6 +238,36 @@ def receive_gradients(destination: int, rows: list, count: int, op: str = "sum")
         next(record.weights for record in records if record.weights is not None),
         float(sum(report.loss_sum for report in reports)),
         int(sum(report.samples for report in reports)),
+    )
+
+
+def update_received(
+    stage: Stage,
+    inp: StageInput,
+    received: Received,
+    iteration: int,
+    schedule: dict,
+    *,
+    start: int = 0,
+    background: bool = False,
+) -> np.ndarray:
+    """Partition ``inp.partition``'s owner step of iteration ``iteration`` on the gradients it
+    received (the whole vector, or its slice from flat offset ``start``): its new weights.
+    ``background`` writes the state file on a thread while the task goes on
+    (``owner_update.keep_shard``)."""
+    return update_owned(
+        inp.spec,
+        inp.partition,
+        iteration,
+        stage.resumed_states,
+        received.weights,
+        received.summed,
+        received.loss_sum,
+        schedule,
+        start=start,
+        halted=received.halted,
+        retain_from=stage.retain_from,
+        background=background,
     )
 
 
