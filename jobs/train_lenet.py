@@ -41,8 +41,9 @@ from bigdl_py.data import fashion_mnist  # noqa: E402
 from bigdl_py.models import lenet5  # noqa: E402
 from bigdl_py.optim import SGD, Adam  # noqa: E402
 from bigdl_py.spark import LocalSGD  # noqa: E402
-from bigdl_py.spark.distri_optimizer import MAX_ITERATIONS_PER_JOB, DistriOptimizer  # noqa: E402
+from bigdl_py.spark.distri_optimizer import DistriOptimizer  # noqa: E402
 from bigdl_py.spark.session import get_spark, task_slots  # noqa: E402
+from bigdl_py.spark.settings import MAX_ITERATIONS_PER_JOB  # noqa: E402
 from bigdl_py.train import (  # noqa: E402
     EveryEpoch,
     Loss,

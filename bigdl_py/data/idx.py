@@ -14,6 +14,8 @@ import zlib
 
 import numpy as np
 
+from bigdl_py.nn.serialization import atomic_write
+
 GZIP_MAGIC = b"\x1f\x8b"
 
 # IDX dtype code -> big-endian NumPy dtype.
@@ -145,8 +147,8 @@ def write_idx(path: str | os.PathLike, array: np.ndarray, compress: bool | None 
     header = bytes([0, 0, code, array.ndim]) + np.asarray(array.shape, ">u4").tobytes()
     payload = header + np.ascontiguousarray(array, IDX_DTYPES[code]).tobytes()
     compress = str(path).endswith(".gz") if compress is None else compress
-    with open(path, "wb") as stream:
-        stream.write(gzip.compress(payload, compresslevel=6) if compress else payload)
+    data = gzip.compress(payload, compresslevel=6) if compress else payload
+    atomic_write(path, lambda stream: stream.write(data))
 
 
 _SPLIT_PREFIXES = {"train": "train", "test": "t10k"}

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from bigdl_py import backend
+from bigdl_py.optim.sharding import all_slice_bounds
 
 
 def _as_feature_tuple(features: Any, what: str) -> tuple:
@@ -37,25 +38,10 @@ def _as_feature_tuple(features: Any, what: str) -> tuple:
     return tuple(array if backend.is_device_array(array) else np.asarray(array) for array in arrays)
 
 
-def split_bounds(size: int, parts: int) -> list[tuple[int, int]]:
-    """Cut ``range(size)`` into ``parts`` contiguous shares whose sizes differ by at most one.
-
-    The first ``size % parts`` shares get one extra item (as ``numpy.array_split``). This is
-    the one rule by which a global batch is cut across partitions, a flat vector into owned
-    slices and the training data into partitions (``bigdl_py.optim.sharding.slice_bounds``
-    computes it); when ``parts > size`` the last shares are empty.
-
-    Returns
-    -------
-    list of (start, stop)
-    """
-    from bigdl_py.optim.sharding import all_slice_bounds  # optim loads the engine: only here
-
-    if isinstance(parts, bool) or not isinstance(parts, (int, np.integer)) or parts < 1:
-        raise ValueError(f"number of shares must be a positive integer, got {parts!r}")
-    if size < 0:
-        raise ValueError(f"size must be >= 0, got {size}")
-    return all_slice_bounds(int(size), int(parts))
+#: Cut ``range(size)`` into ``parts`` contiguous shares whose sizes differ by at most one:
+#: the package's one balanced split, under the data layer's name (see
+#: :func:`bigdl_py.optim.sharding.slice_bounds`).
+split_bounds = all_slice_bounds
 
 
 class Sample:

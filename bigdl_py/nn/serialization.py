@@ -51,12 +51,21 @@ _registered: dict[str, type] = {}
 
 
 # --- safe files -----------------------------------------------------------------------------
-def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], None]) -> None:
+def atomic_write(
+    path: str | os.PathLike, write: Callable[[IO[bytes]], None], *, durable: bool = True
+) -> None:
     """Write a file so that ``path`` holds either its old content or the complete new one.
 
-    ``write(file)`` fills a temporary file in the same directory; it is flushed and fsync'ed,
-    then renamed over ``path`` (atomic on POSIX), and the directory is fsync'ed so the rename
-    survives a crash. On any error the temporary file is removed and ``path`` is untouched.
+    ``write(file)`` fills a temporary file in the same directory (its name starts with a dot,
+    so no pattern of the final names matches it), which is then renamed over ``path``
+    (atomic on POSIX). With ``durable`` (models, checkpoints) the file is fsync'ed before the
+    rename and the directory after it, so the rename survives a crash; without it (a training
+    run's scratch files, rebuilt after a crash anyway) readers still never see a file half
+    written, and the write costs no disk flush. On any error the temporary file is removed
+    and ``path`` is untouched.
+
+    This is the package's one atomic writer: models, checkpoints, images, and the Spark
+    runs' data and optimizer-state files all go through it.
     """
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
@@ -66,14 +75,16 @@ def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], None]) ->
     try:
         with os.fdopen(handle, "wb") as file:
             write(file)
-            file.flush()
-            os.fsync(file.fileno())
+            if durable:
+                file.flush()
+                os.fsync(file.fileno())
         os.replace(temporary, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(temporary)
         raise
-    fsync_directory(directory)
+    if durable:
+        fsync_directory(directory)
 
 
 def fsync_directory(directory: str) -> None:

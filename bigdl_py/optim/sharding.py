@@ -21,9 +21,12 @@ import numpy as np
 def slice_bounds(size: int, index: int, count: int) -> tuple[int, int]:
     """The ``[start, stop)`` of slice ``index`` when ``size`` elements are cut into ``count``.
 
-    The first ``size % count`` slices hold one element more than the others, so sizes differ
-    by at most one and ``count`` need not divide ``size``. With ``count > size`` the last
-    slices are empty.
+    The package's one balanced split (:func:`all_slice_bounds` lists every slice; the data
+    layer names it ``bigdl_py.data.split_bounds``): a global batch across partitions, a flat
+    vector into owned slices and the training data into partitions are all cut by it. The
+    first ``size % count`` slices hold one element more than the others, so sizes differ by
+    at most one and ``count`` need not divide ``size``. With ``count > size`` the last slices
+    are empty.
 
     Parameters
     ----------
@@ -43,10 +46,7 @@ def slice_bounds(size: int, index: int, count: int) -> tuple[int, int]:
     ValueError
         If ``size < 0``, ``count < 1`` or ``index`` is out of range.
     """
-    if size < 0:
-        raise ValueError(f"slice_bounds: size must be >= 0, got {size}")
-    if count < 1:
-        raise ValueError(f"slice_bounds: slice count must be >= 1, got {count}")
+    _check_split(size, count)
     if not 0 <= index < count:
         raise ValueError(f"slice_bounds: slice index must be in [0, {count}), got {index}")
     base, extra = divmod(size, count)
@@ -56,8 +56,26 @@ def slice_bounds(size: int, index: int, count: int) -> tuple[int, int]:
 
 
 def all_slice_bounds(size: int, count: int) -> list[tuple[int, int]]:
-    """Every ``slice_bounds(size, j, count)`` for ``j`` in ``range(count)``, in order."""
+    """Every ``slice_bounds(size, j, count)`` for ``j`` in ``range(count)``, in order.
+
+    Returns
+    -------
+    list of (start, stop)
+
+    Raises
+    ------
+    ValueError
+        If ``size < 0`` or ``count`` is not a positive integer.
+    """
+    _check_split(size, count)
     return [slice_bounds(size, index, count) for index in range(count)]
+
+
+def _check_split(size: int, count: int) -> None:
+    if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 1:
+        raise ValueError(f"the number of shares must be a positive integer, got {count!r}")
+    if size < 0:
+        raise ValueError(f"the size to split must be >= 0, got {size}")
 
 
 def _is_per_element(value) -> bool:

@@ -10,10 +10,12 @@
 - :mod:`bigdl_py.spark.distri_optimizer` — ``DistriOptimizer``: BigDL's synchronous
   data-parallel training loop; ``update=`` picks a training mode (``"auto"``, ``"sharded"``,
   ``"replicated"``, ``LocalSGD(period=k)``; one file each in :mod:`bigdl_py.spark.modes`).
-  Its machinery: ``partitioned_data`` (the data on the executors), ``replica`` (a
-  partition's model and forward-backward), ``owner_update`` (the owner's step and state
-  store), ``training_run`` (jobs of chained iterations), ``batch_plan`` (which samples
-  partition j trains on in iteration i).
+  Its machinery: ``settings`` (the caller's settings, typed, and the run's plan),
+  ``partitioned_data`` (the data on the executors), ``replica`` (a partition's model and
+  forward-backward), ``owner_update`` (the owner's step and state store), ``records``
+  (what travels between the driver and a mode's stages), ``training_run`` (the driver of
+  jobs of chained iterations), ``modes.stages`` (how a mode's stages read their input and
+  end a chain), ``batch_plan`` (which samples partition j trains on in iteration i).
 - :mod:`bigdl_py.spark.distri_trainer` — ``DistriTrainer``: custom training steps (several
   models, one OptimMethod each, e.g. a GAN) on DistriOptimizer's machinery.
 - :mod:`bigdl_py.spark.ml` — Spark ML pipeline stages ``NNEstimator``, ``NNClassifier``,

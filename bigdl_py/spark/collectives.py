@@ -91,9 +91,8 @@ def shuffle_to_owners(rdd: RDD, count: int) -> RDD:
     the way in and out. Values of more than ``shuffle_records.SPLIT_ABOVE`` bytes cross in
     records of ``shuffle_records.CHUNK_BYTES`` and are put back together before the next
     stage sees them (:mod:`bigdl_py.spark.shuffle_records` says why and what it saves).
-    A serializer that moved array buffers unpickled was built and measured (2026-11-25,
-    all_reduce N = 2: 16 MB 430 ms pickled vs 470 raw, 64 MB 1044 vs 1120 at load 3.6):
-    no gain, and it needed PySpark's private JVM classes (``PairwiseRDD``,
+    A serializer that moved array buffers unpickled was built and measured: no gain
+    (``bench/RESULTS.md``), and it needed PySpark's private JVM classes (``PairwiseRDD``,
     ``PythonPartitioner``). We keep to the public API.
 
     The JVM side is tuned by settings too: with bigdl_py's recommended ones (Kryo,
@@ -538,28 +537,8 @@ def all_reduce_algorithm(
     (float16, bfloat16): ``"all_to_all"`` only at N <= 2 for arrays known to be at most
     16 MiB. ``"reduce_scatter"`` otherwise and with ``via="broadcast"``.
 
-    Measured on 2026-11-25 (``local[2]`` on 2 shared cores, sum of float32 arrays, both
-    algorithms alternated in one warm JVM, medians of 6 runs (3-4 at N = 4, at 256 MB,
-    in the second runs and on bf16); wall ms / CPU ms of the JVM and Python workers, at
-    load 4-8):
-
-    ======  ===========  ===================  ==================
-    N       MB a rank    reduce_scatter       all_to_all
-    ======  ===========  ===================  ==================
-    2       1            240 / 255            202 / 205
-    2       4            274 / 255            188 / 200
-    2       16           466 / 395            290 / 340
-    2       64           1110 / 915           1111 / 910
-    2       64 (again)   1179 / 1210          916 / 960
-    2       256          4530 / 4495          5939 / 5440
-    2       256 (again)  2732 / 4840          2766 / 5250
-    2 bf16  16           447 / 485            365 / 405
-    2 bf16  64           702 / 720            1053 / 1070
-    4       1            747 / 715            522 / 575
-    4       4            838 / 860            659 / 690
-    4       16           933 / 920            1129 / 1000
-    4       64           2170 / 1800          8369 / 5310
-    ======  ===========  ===================  ==================
+    Measured with both algorithms alternated in one warm JVM (``bench/RESULTS.md``, "the
+    AllReduce in one shuffle for few ranks", which has the table).
 
     Small arrays gain a stage and a Python round trip; at N = 4 every rank sends 4 M
     bytes instead of 2 M, which costs more than the stage from 16 MB on; large arrays

@@ -36,7 +36,9 @@ import numpy as np
 import pyarrow as pa
 
 from bigdl_py.data.arrow_tables import ColumnSpec, ShapeSpec, feature_column_groups, table_to_arrays
+from bigdl_py.data.spark_types import is_dataframe, is_rdd
 from bigdl_py.data.validation import uneven_partitions
+from bigdl_py.spark.worker import task_partition_id
 
 if TYPE_CHECKING:
     from pyspark import RDD
@@ -99,13 +101,6 @@ def _decode_batches(rows: Iterator[Any]) -> Iterator[pa.RecordBatch]:
         yield from reader
 
 
-def _partition_id() -> int | None:
-    from pyspark import TaskContext
-
-    context = TaskContext.get()
-    return context.partitionId() if context is not None else None
-
-
 class _PartitionConverter:
     """One partition's record batches -> one ``(features, labels)`` block (a task's function).
 
@@ -137,7 +132,7 @@ class _PartitionConverter:
             )
         except (ValueError, TypeError, KeyError) as error:
             # Rows in the message count from the start of this partition; say which one.
-            raise type(error)(f"partition {_partition_id()}: {error}") from error
+            raise type(error)(f"partition {task_partition_id()}: {error}") from error
 
 
 # --- the driver side -----------------------------------------------------------------------
@@ -435,13 +430,6 @@ def arrays_to_dataframe(
 # --- the training input of DistriOptimizer -------------------------------------------------
 
 
-def _is_spark(data: Any, module: str, name: str) -> bool:
-    """Whether ``data`` is a PySpark ``name`` (without importing pyspark on this path)."""
-    return any(
-        cls.__module__.startswith(module) and cls.__name__ == name for cls in type(data).__mro__
-    )
-
-
 def _python_error(error: Exception) -> Exception:
     """A failed job's Python error (its last ``TypeError: ...`` line), re-raised alone."""
     kinds = {"TypeError": TypeError, "ValueError": ValueError}
@@ -639,7 +627,7 @@ def prepare_training_input(
         first = tuple(array[0] for array in data.features)
         labels = class_indices(data.labels, "labels", _class_count(model, first), ignore_index)
         return ArrayDataset(data.features, labels, check_finite=False)  # checked once above
-    if _is_spark(data, "pyspark.sql", "DataFrame"):
+    if is_dataframe(data):
         first_row = dataframe_to_arrays(data.limit(1), feature_cols, label_col, feature_shape)
         features = first_row[0] if isinstance(first_row[0], tuple) else (first_row[0],)
         if len(first_row[1]) == 0:
@@ -655,7 +643,7 @@ def prepare_training_input(
         rule = _LabelRule(class_loss, num_classes, ignore_index)
         blocks = dataframe_to_partition_arrays(data, feature_cols, label_col, feature_shape)
         return blocks.mapPartitionsWithIndex(rule.blocks)
-    if not _is_spark(data, "pyspark", "RDD"):
+    if not is_rdd(data):
         return data
     sc.setJobDescription("bigdl_py: count and check the training records")
     try:

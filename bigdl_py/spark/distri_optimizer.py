@@ -19,27 +19,26 @@ from __future__ import annotations
 
 import copy
 import logging
-import numbers
 import uuid
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from bigdl_py.data.spark_types import is_dataframe, is_spark_data
 from bigdl_py.nn.module import Module
 from bigdl_py.optim import ConstantClipping, L2NormClipping, OptimMethod
 from bigdl_py.optim.flat_parameters import FlatParameters
 from bigdl_py.spark.batch_plan import PartitionedBatchPlan, PlannedDataset
 from bigdl_py.spark.dataframe import prepare_training_input
-from bigdl_py.spark.modes import TrainingMode, resolve_mode
+from bigdl_py.spark.modes import TrainingMode
 from bigdl_py.spark.partitioned_data import (
     DistributedTrainingError,
     PartitionedData,
-    is_dataframe,
-    is_rdd,
     prepare_training,
 )
 from bigdl_py.spark.replica import RunSpec
+from bigdl_py.spark.settings import Executors, SparkTrainingSettings, plan_run
 from bigdl_py.spark.training_run import SparkTrainingRun
 from bigdl_py.train import batches as batch_io
 from bigdl_py.train.loop import BaseOptimizer
@@ -54,23 +53,19 @@ __all__ = ["DistriOptimizer", "DistributedTrainingError", "SparkTrainingSet", "S
 
 _SCHEDULE_KEYS = ("iteration", "epoch", "step")
 
-# Iterations per Spark job (bench/RESULTS.md: chaining them pays the job's fixed cost once).
-# The upper bound keeps the job's lineage (two shuffles per iteration) well inside the
-# driver JVM's stack: Spark walks it recursively and overflowed at 100 iterations.
-DEFAULT_ITERATIONS_PER_JOB = 8
-MAX_ITERATIONS_PER_JOB = 32
-
 
 class SparkTrainingSet:
     """The training data as the loop sees it: ``len()`` and every epoch's global batches.
 
-    Wraps :class:`PartitionedData` (the partitions cached on the executors) and the
-    :class:`PartitionedBatchPlan` over their sizes.
+    Wraps :class:`PartitionedData` (the partitions cached on the executors), the
+    :class:`PartitionedBatchPlan` over their sizes, and what the executors that hold them
+    are (:class:`~bigdl_py.spark.settings.Executors`).
     """
 
-    def __init__(self, data: PartitionedData, plan: PartitionedBatchPlan):
+    def __init__(self, data: PartitionedData, plan: PartitionedBatchPlan, executors: Executors):
         self.data = data
         self.plan = plan
+        self.executors = executors
         self.batch_size = plan.batch_size
         self.seed = plan.seed
         self.shuffle = plan.shuffle
@@ -99,10 +94,14 @@ class SparkValidationSet:
 
 
 class SparkRunner(IterationRunner):
-    """Runs each iteration on Spark; the driver keeps the weights between iterations."""
+    """Runs each iteration on Spark; the driver keeps the weights between iterations.
 
-    def __init__(self, options: dict):
-        self.options = options
+    ``settings`` are the caller's; what the executors are comes with the training set
+    (``SparkTrainingSet.executors``), and :meth:`prepare` plans the run from both.
+    """
+
+    def __init__(self, settings: SparkTrainingSettings):
+        self.settings = settings
         self.run: SparkTrainingRun | None = None
         self._pending_metric: float | None = None
         self._resume_states: dict | None = None
@@ -115,7 +114,17 @@ class SparkRunner(IterationRunner):
         self.plan = training_set.plan
         constant = next((c for c in setup.clippings if isinstance(c, ConstantClipping)), None)
         l2 = next((c for c in setup.clippings if isinstance(c, L2NormClipping)), None)
-        self.mode, iterations_per_job = self._choose_mode(l2)
+        executors = training_set.executors
+        run_plan = plan_run(
+            self.settings,
+            executors,
+            parameter_bytes=int(self.flat.size) * self.flat.weights.dtype.itemsize,
+            num_partitions=self.plan.num_partitions,
+            global_norm_clipping=l2 is not None,
+        )
+        if run_plan.reason is not None:
+            logger.info(run_plan.reason)
+        self.mode = run_plan.mode
         self.spec = RunSpec(
             run_id="run-" + uuid.uuid4().hex[:12],
             model=setup.model,
@@ -126,37 +135,20 @@ class SparkRunner(IterationRunner):
             batch_size=setup.batch_size,
             state_dir=training_set.data.state_dir,
             seed=training_set.seed,
-            wire_dtype=self.options["wire_dtype"],
+            wire_dtype=self.settings.wire_dtype,
             constant_clipping=constant,
             l2_clipping=l2,
-            gradient_accumulation=self.options["gradient_accumulation"],
-            device=self.options["device"],
+            gradient_accumulation=self.settings.gradient_accumulation,
+            device=self.settings.device,
             mode=self.mode,
-            carry_state=not self.options.get("shared_disk", True),
+            # Where no disk is shared, the optimizer state travels with the jobs.
+            carry_state=not executors.shared_disk,
         )
         self._resume_states = None
         self._pending_metric = None
-        self.iterations_per_call = self.mode.iterations_per_call(iterations_per_job, self.spec)
-
-    def _choose_mode(self, l2_clipping: Any) -> tuple[TrainingMode, int]:
-        """The training mode and iterations per job this run uses."""
-        update = self.options["update"]
-        iterations_per_job = self.options["iterations_per_job"]
-        if update == "auto":
-            from bigdl_py.spark.modes.auto import choose_mode
-
-            choice = choose_mode(
-                parameter_bytes=int(self.flat.size) * self.flat.weights.dtype.itemsize,
-                num_partitions=self.plan.num_partitions,
-                shared_disk=self.options["shared_disk"],
-                global_norm_clipping=l2_clipping is not None,
-                iterations_per_job=self.options["requested_iterations_per_job"],
-                local_mode=self.options.get("local_mode", False),
-            )
-            logger.info(choice.reason)
-            return resolve_mode(choice.update), choice.iterations_per_job
-        # The run's own copy: a mode object may record per-run settings.
-        return copy.deepcopy(resolve_mode(update)), iterations_per_job
+        self.iterations_per_call = self.mode.iterations_per_call(
+            run_plan.iterations_per_job, self.spec
+        )
 
     def _ensure_run(self, iteration: int) -> SparkTrainingRun:
         if self.run is None:
@@ -294,7 +286,7 @@ class SparkRunner(IterationRunner):
                 dataset.data,
                 list(methods),
                 batch_size=batch_size,
-                device=self.options["device"],
+                device=self.settings.device,
                 **dataset.reading,
             )
         return batch_io.evaluate_batches(
@@ -343,8 +335,8 @@ class DistriOptimizer(BaseOptimizer):
         gradients add up: the same update as one batch of ``batch_size``, with the memory of
         a ``batch_size / gradient_accumulation`` batch.
     iterations_per_job : int, optional
-        Iterations chained into one Spark job (1 to ``MAX_ITERATIONS_PER_JOB``; default: as
-        ``update="auto"`` picks it, else ``DEFAULT_ITERATIONS_PER_JOB`` where the executors
+        Iterations chained into one Spark job (1 to ``MAX_ITERATIONS_PER_JOB``, 32; default: as
+        ``update="auto"`` picks it, else ``DEFAULT_ITERATIONS_PER_JOB`` (8) where the executors
         share a disk — local modes, one
         host, or a shared ``BIGDL_PY_STATE_DIR`` — else 1, because a chained stage may run
         away from its partition's files; see ``session.executors_share_a_disk``): each
@@ -431,44 +423,21 @@ class DistriOptimizer(BaseOptimizer):
         progress: bool | Progress = True,
         spark: Any = None,
     ):
-        from bigdl_py.spark import wire
-
         if batch_size is None:
             batch_size = getattr(training_set, "batch_size", None)
-        if isinstance(gradient_accumulation, bool) or int(gradient_accumulation) < 1:
-            raise ValueError(
-                f"gradient_accumulation must be a positive integer, got {gradient_accumulation!r}"
-            )
-        if iterations_per_job is not None and (
-            isinstance(iterations_per_job, bool)
-            or not isinstance(iterations_per_job, numbers.Integral)
-            or not 1 <= iterations_per_job <= MAX_ITERATIONS_PER_JOB
-        ):
-            raise ValueError(
-                f"iterations_per_job must be an integer from 1 to {MAX_ITERATIONS_PER_JOB}, "
-                f"got {iterations_per_job!r}"
-            )
-        if update != "auto" and not isinstance(update, TrainingMode):
-            resolve_mode(update)  # an unknown name fails here, before any data is cached
-        wire_dtype = wire.check_wire_dtype(wire_dtype)
-        from bigdl_py.spark.gpu import check_device_request
-
-        device = check_device_request(device)
+        settings = SparkTrainingSettings(
+            update=update,
+            wire_dtype=wire_dtype,
+            gradient_accumulation=gradient_accumulation,
+            iterations_per_job=iterations_per_job,
+            device=device,
+        )
         self._dataframe_reading = {
             "feature_cols": feature_cols,
             "label_col": label_col,
             "feature_shape": feature_shape,
         }
-        runner = SparkRunner(
-            {
-                "wire_dtype": wire_dtype,
-                "gradient_accumulation": int(gradient_accumulation),
-                "device": device,
-                "iterations_per_job": iterations_per_job,
-                "requested_iterations_per_job": iterations_per_job,
-                "update": update,
-            }
-        )
+        runner = SparkRunner(settings)
         super().__init__(
             model,
             None,
@@ -497,15 +466,8 @@ class DistriOptimizer(BaseOptimizer):
             **self._dataframe_reading,
         )
         self._sc = sc
-        # The executors are known now (the data is on them).
-        from bigdl_py.spark.session import executors_share_a_disk, is_local_mode
-
-        shared = executors_share_a_disk(sc)
-        runner.options["shared_disk"] = shared
-        runner.options["local_mode"] = is_local_mode(sc)
-        if iterations_per_job is None:
-            runner.options["iterations_per_job"] = DEFAULT_ITERATIONS_PER_JOB if shared else 1
-        self.training_set = SparkTrainingSet(self.data, plan)
+        # What the executors are is known now (the data is on them).
+        self.training_set = SparkTrainingSet(self.data, plan, Executors.of(sc))
         self.num_partitions = self.data.num_partitions
 
     def _check_batch_size(self, batch_size: Any) -> int:
@@ -514,7 +476,7 @@ class DistriOptimizer(BaseOptimizer):
         return super()._check_batch_size(batch_size)
 
     def _as_validation_set(self, dataset: Any) -> Any:
-        if is_rdd(dataset) or is_dataframe(dataset):
+        if is_spark_data(dataset):
             reading = self._dataframe_reading if is_dataframe(dataset) else {}
             return SparkValidationSet(dataset, reading)
         return batch_io.as_array_dataset(dataset, "validation dataset", shuffle=False, train=False)

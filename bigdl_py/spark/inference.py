@@ -42,6 +42,7 @@ from bigdl_py.autograd.tensor import Tensor
 from bigdl_py.data import MiniBatch, Sample, table_to_arrays
 from bigdl_py.data.arrow_tables import ColumnSpec, ShapeSpec
 from bigdl_py.data.records import labelled_batches
+from bigdl_py.data.spark_types import is_dataframe, is_rdd
 from bigdl_py.nn import LogSoftmax, Module, Sequential, Sigmoid, Softmax
 from bigdl_py.spark import worker
 from bigdl_py.spark.arrow_features import feature_batch, first_null, nonfinite_columns
@@ -200,7 +201,7 @@ class _BatchPredictor:
     def row_name(self, row: int) -> str:
         """Row ``row`` of the current batch, as a message names it."""
         return (
-            f"partition {_partition_id()}, row {self.rows_seen + row} (counted from the "
+            f"partition {worker.task_partition_id()}, row {self.rows_seen + row} (counted from the "
             "partition's first row)"
         )
 
@@ -290,13 +291,6 @@ def _stack(records: list) -> tuple:
         raise ValueError(
             f"predict: records in one batch must have equal feature shapes, found {shapes}"
         ) from error
-
-
-def _partition_id() -> int | None:
-    from pyspark import TaskContext
-
-    context = TaskContext.get()
-    return context.partitionId() if context is not None else None
 
 
 def nonfinite_rows(features: tuple) -> np.ndarray | None:
@@ -426,19 +420,11 @@ def _predict_dataframe(df, predictor, feature_cols, feature_shape, prediction_co
 # --- the public entry points ---------------------------------------------------------------
 
 
-def _is_dataframe(data: Any) -> bool:
-    from pyspark.sql import DataFrame
-
-    return isinstance(data, DataFrame)
-
-
 def _spark_context(data: Any) -> SparkContext:
-    from pyspark import RDD
-
     require_classic_spark(data, "predict and evaluate", CONNECT_INFERENCE_ALTERNATIVE)
-    if _is_dataframe(data):
+    if is_dataframe(data):
         return data.sparkSession.sparkContext
-    if isinstance(data, RDD):
+    if is_rdd(data):
         return data.context
     raise TypeError(
         f"data must be a pyspark RDD or DataFrame, got {type(data).__name__}; for local "
@@ -544,7 +530,7 @@ def predict(
         _final_activation(model),
         nonfinite,
     )
-    if _is_dataframe(data):
+    if is_dataframe(data):
         dtype = _input_dtype(model)
         return _predict_dataframe(
             data, predictor, feature_cols, feature_shape, prediction_col, dtype
@@ -584,7 +570,7 @@ def _finite_batches(batches: Iterable[MiniBatch]) -> Iterator[MiniBatch]:
         if bad is not None:
             row = first_row + int(np.flatnonzero(bad)[0])
             raise ValueError(
-                f"evaluate: partition {_partition_id()}, row {row} "
+                f"evaluate: partition {worker.task_partition_id()}, row {row} "
                 f"(counted from the partition's first row) has NaN or Inf features "
                 f"({int(bad.sum())} such rows in its batch); clean or filter the data"
             )
@@ -594,7 +580,9 @@ def _finite_batches(batches: Iterable[MiniBatch]) -> Iterator[MiniBatch]:
 
 def _record_batches(records: Iterator, batch_size: int) -> Iterator[MiniBatch]:
     """An RDD partition's records, of every kind training takes, as batches."""
-    return labelled_batches(records, batch_size, f"partition {_partition_id()}", "validation")
+    return labelled_batches(
+        records, batch_size, f"partition {worker.task_partition_id()}", "validation"
+    )
 
 
 def _block_batches(blocks: Iterator, batch_size: int) -> Iterator[MiniBatch]:
@@ -648,7 +636,7 @@ def evaluate(
     batch_size = _check_batch_size(batch_size, "evaluate")
     device_request = check_device_request(device)
     sc = _spark_context(data)
-    if _is_dataframe(data):
+    if is_dataframe(data):
         source = dataframe_to_partition_arrays(
             data, feature_cols, label_col, feature_shape, _input_dtype(model)
         )

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from bigdl_py import backend
+from bigdl_py.nn.serialization import atomic_write
 from bigdl_py.spark import worker
 from bigdl_py.spark.partitioned_data import run_directory
 from bigdl_py.spark.replica import RunSpec
@@ -36,7 +37,7 @@ class ShardStateStore:
     A file is a JSON header naming each array's key, dtype and shape, then the arrays' raw
     bytes, each written straight from the array: NumPy's ``.npz`` (a zip file) computes a
     CRC-32 of every byte and copies it through the zip writer, which made saving 3-4x
-    slower (9 MB of Adam state: 120 ms -> 28 ms, load ~16 on 2 cores).
+    slower (``bench/RESULTS.md``).
     """
 
     def __init__(self, directory: str, shard: int | str):
@@ -64,13 +65,15 @@ class ShardStateStore:
         header = json.dumps(
             [[key, array.dtype.str, list(array.shape)] for key, array in arrays.items()]
         ).encode()
-        temporary = self.path(iteration) + f".tmp-{os.getpid()}"
-        with open(temporary, "wb") as handle:
+
+        def write(handle) -> None:
             handle.write(_HEADER_LENGTH.pack(len(header)))
             handle.write(header)
             for array in arrays.values():
                 handle.write(memoryview(np.ascontiguousarray(array)).cast("B"))
-        os.replace(temporary, self.path(iteration))
+
+        # A scratch file (a lost host's state is recomputed, not recovered): no disk flush.
+        atomic_write(self.path(iteration), write, durable=False)
         for old in glob.glob(os.path.join(self.directory, f"optim-{self.shard}-after-*.state")):
             done = int(old.rsplit("-", 1)[1].split(".")[0])
             if done < min(iteration - 1, iteration if retain_from is None else retain_from):
@@ -225,6 +228,9 @@ def travelling_state(spec: RunSpec, shard: int, iteration: int, bounds: list) ->
     return spec.mode.checkpoint_state(method.state_dict(), shard, bounds)
 
 
+# --- the owner step: every mode's update goes through owner_step ----------------------------
+
+
 def clip_summed_slice(spec: RunSpec, summed: np.ndarray) -> np.ndarray:
     """Constant clipping, in place, as the local loop applies it (before the L2 norm)."""
     if spec.constant_clipping is not None:
@@ -239,6 +245,69 @@ def global_norm_scale(spec: RunSpec, summed: np.ndarray) -> float:
     return spec.l2_clipping.scale_for(float(spec.l2_clipping.sum_of_squares(summed)))
 
 
+def owner_step(
+    spec: RunSpec,
+    method: Any,
+    weights: np.ndarray,
+    summed: np.ndarray,
+    loss_sum: float,
+    schedule: dict,
+    *,
+    start: int = 0,
+    l2_scale: float | None = None,
+    halted: bool = False,
+) -> np.ndarray:
+    """One owner's step of one iteration, the same in every mode: its new weights.
+
+    ``weights`` is the owner's slice (starting at flat offset ``start``; the whole vector, at
+    0, where the mode keeps whole states) and ``summed`` its summed gradient, which is
+    clipped in place. In order, as the local loop does it:
+
+    1. a ``halted`` chain (stopped by an earlier non-finite loss) changes nothing: not the
+       gradient, the weights, the state nor the schedule;
+    2. constant clipping of ``summed``;
+    3. the global-norm scale: ``l2_scale`` where the driver computed it from every owner's
+       squares (an owner of a slice), else from ``summed`` itself (an owner of the whole
+       vector; 1.0 without ``L2NormClipping``);
+    4. a finite loss and scale: ``method`` steps the weights (its state changes); otherwise
+       the weights and state stay and only the schedule advances (the driver decides what
+       to do about the loss).
+
+    ``schedule`` holds the driver's ``iteration``, ``epoch`` and, after a validated epoch,
+    ``metric``, so the learning rate is the one the local loop would use.
+
+    Raises
+    ------
+    ValueError
+        If an owner of a slice is given no ``l2_scale`` under global-norm clipping (the norm
+        of a slice is not the gradient's).
+    """
+    if halted:
+        return np.array(weights)
+    clip_summed_slice(spec, summed)
+    if l2_scale is None:
+        if spec.l2_clipping is not None and summed.size != spec.flat_size:
+            raise ValueError(
+                f"the owner of {summed.size} of {spec.flat_size} weights needs the driver's "
+                "global-norm scale: the norm of a slice is not the gradient's"
+            )
+        l2_scale = global_norm_scale(spec, summed)
+    if np.isfinite(loss_sum) and np.isfinite(l2_scale):
+        return update_owned_slice(method, weights, summed, start, schedule, l2_scale)
+    follow_schedule_only(method, schedule)
+    return np.array(weights)
+
+
+def stops_chain(loss_sum: float, stop_after_nonfinite: bool) -> bool:
+    """Whether an iteration whose summed loss is ``loss_sum`` halts the rest of its chain.
+
+    Only a non-finite loss does, and only with ``stop_after_nonfinite``: the driver judges
+    an iteration by its loss, so a chain that stopped on anything else (an update skipped
+    for a non-finite global norm) would end its job early without telling it why.
+    """
+    return stop_after_nonfinite and not np.isfinite(loss_sum)
+
+
 def update_owned_slice(
     method: Any,
     weight_slice: np.ndarray,
@@ -248,12 +317,7 @@ def update_owned_slice(
     l2_scale: float = 1.0,
 ) -> np.ndarray:
     """Scale (global-norm clipping) and step a slice; returns the updated slice (a new array
-    of the weights' dtype: float32 or float64 models alike).
-
-    ``schedule`` holds the driver's ``iteration`` and ``epoch`` and, after an epoch with a
-    validation score, its ``metric``: the shard's schedule takes the same steps as the
-    driver's, so its learning rate is the one the local loop would use.
-    """
+    of the weights' dtype: float32 or float64 models alike)."""
     follow_schedule_only(method, schedule)
     weight = np.array(weight_slice, copy=True)
     gradient_slice = np.asarray(gradient_slice, dtype=weight.dtype)
@@ -275,34 +339,35 @@ def update_owned(
     owner: int,
     iteration: int,
     initial_states: dict | None,
-    weight_slice: np.ndarray,
-    start: int,
+    weights: np.ndarray,
     summed: np.ndarray,
     loss_sum: float,
     schedule: dict,
-    l2_scale: float = 1.0,
     *,
-    retain_from: int | None = None,
+    start: int = 0,
+    l2_scale: float | None = None,
     halted: bool = False,
+    retain_from: int | None = None,
     background: bool = False,
 ) -> np.ndarray:
-    """Owner ``owner``'s step of iteration ``iteration`` on ``weight_slice`` (which starts at
-    flat offset ``start``; the whole vector, at 0, where the mode keeps whole states): its
-    updated weights. BigDL's "update the owned slice".
+    """Owner ``owner``'s :func:`owner_step` of iteration ``iteration`` with the state it keeps
+    between iterations: BigDL's "update the owned slice".
 
-    A non-finite loss (or clipping scale) leaves the slice and the optimizer state as they
-    were and only advances the schedule: the driver decides what to do about it. A
-    ``halted`` chain (stopped by an earlier non-finite loss) changes nothing at all. The
-    state is recorded under ``iteration`` in every case, for the next step to find (its
-    file written by a thread with ``background``: see :func:`keep_shard`).
+    The state comes from :func:`owned_shard` and is recorded under ``iteration`` in every
+    case, halted or not, for the next step to find (its file written by a thread with
+    ``background``: see :func:`keep_shard`).
     """
     method = owned_shard(spec, owner, iteration, initial_states)
-    if halted:
-        new_slice = np.array(weight_slice)
-    elif np.isfinite(loss_sum) and np.isfinite(l2_scale):
-        new_slice = update_owned_slice(method, weight_slice, summed, start, schedule, l2_scale)
-    else:
-        follow_schedule_only(method, schedule)
-        new_slice = np.array(weight_slice)
+    new_weights = owner_step(
+        spec,
+        method,
+        weights,
+        summed,
+        loss_sum,
+        schedule,
+        start=start,
+        l2_scale=l2_scale,
+        halted=halted,
+    )
     keep_shard(spec, owner, method, iteration, retain_from, background)
-    return new_slice
+    return new_weights

@@ -22,7 +22,10 @@ import numpy as np
 
 from bigdl_py.data import ArrayDataset, MiniBatch
 from bigdl_py.data.records import labelled_record
-from bigdl_py.data.sample import Sample, split_bounds
+from bigdl_py.data.sample import Sample
+from bigdl_py.data.spark_types import is_dataframe, is_rdd
+from bigdl_py.nn.serialization import atomic_write
+from bigdl_py.optim.sharding import all_slice_bounds
 from bigdl_py.spark import worker
 from bigdl_py.spark.batch_plan import PartitionedBatchPlan
 from bigdl_py.spark.session import job_description
@@ -71,10 +74,8 @@ def default_state_dir() -> str:
 
 
 def save_npy_atomically(path: str, array: np.ndarray) -> None:
-    temporary = f"{path}.tmp-{os.getpid()}"
-    with open(temporary, "wb") as handle:
-        np.save(handle, array, allow_pickle=False)
-    os.replace(temporary, path)
+    """``array`` as a ``.npy`` file that no reader sees half written (a run's scratch file)."""
+    atomic_write(path, lambda handle: np.save(handle, array, allow_pickle=False), durable=False)
 
 
 # --- a partition's training data on its host --------------------------------------------------
@@ -119,21 +120,6 @@ def load_partition_data(handle: dict) -> tuple[tuple, np.ndarray]:
     return features, labels
 
 
-def is_rdd(data: Any) -> bool:
-    """Whether ``data`` is a PySpark RDD (without importing pyspark)."""
-    return any(
-        cls.__module__.startswith("pyspark") and cls.__name__ == "RDD" for cls in type(data).__mro__
-    )
-
-
-def is_dataframe(data: Any) -> bool:
-    """Whether ``data`` is a Spark DataFrame (without importing pyspark)."""
-    return any(
-        cls.__module__.startswith("pyspark.sql") and cls.__name__ == "DataFrame"
-        for cls in type(data).__mro__
-    )
-
-
 def training_rdd(
     data, sc, num_partitions, feature_cols="features", label_col="label", feature_shape=None
 ):
@@ -168,7 +154,7 @@ def training_rdd(
             )
         blocks = [
             MiniBatch(tuple(np.asarray(f[start:stop]) for f in features), labels[start:stop])
-            for start, stop in split_bounds(size, num_partitions)
+            for start, stop in all_slice_bounds(size, num_partitions)
         ]
         broadcasts = [sc.broadcast(block) for block in blocks]
         parts = [sc.parallelize([0], 1).map(lambda _, b=b: b.value) for b in broadcasts]

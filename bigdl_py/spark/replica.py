@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import enum
 import time
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
@@ -25,6 +26,7 @@ from bigdl_py.autograd.tensor import Tensor
 from bigdl_py.optim.flat_parameters import FlatParameters, flat_layout
 from bigdl_py.spark import worker
 from bigdl_py.spark.partitioned_data import load_partition_data
+from bigdl_py.spark.records import Report
 
 
 @dataclass
@@ -263,38 +265,42 @@ def _rejected_data(replica: Replica, iteration: int, labels: Any):
         ) from error
 
 
-class Report(NamedTuple):
-    """What a forward-backward task tells each task that reads its gradient."""
+class ShareOf(enum.Enum):
+    """Whose mean loss a partition's gradient is the gradient of (:func:`replica_gradient`)."""
 
-    loss_sum: float
-    samples: int
-    seconds: float  # the forward-backward's compute
-    buffers: dict | None  # partition 0's running statistics after this forward, to owner 0 only
-    clock: tuple[float, float]  # wall clock when the task entered and left Python
+    #: The exact modes: ``(share / global batch) x`` the share's mean loss, so the partitions'
+    #: gradients sum to the global batch's; partition 0 reports its running statistics after
+    #: the forward (the run's, which travel with the chain).
+    GLOBAL_BATCH = "global batch"
+    #: Local SGD: the share's own mean loss (each replica steps on its own mini-batch and
+    #: keeps its own running statistics until they are averaged).
+    OWN_BATCH = "own batch"
 
 
 def replica_gradient(
     spec,
+    *,
     partition: int,
     handle: dict,
     weights: np.ndarray,
-    halted: bool,
-    local_indices: np.ndarray,
+    share: np.ndarray,
     iteration: int,
-    report_buffers: bool,
     entered: float,
+    share_of: ShareOf = ShareOf.GLOBAL_BATCH,
+    halted: bool = False,
     frozen_weights: np.ndarray | None = None,
-    batch_size: int | None = None,
     start_buffers: dict | None = None,
 ) -> tuple[np.ndarray, Report]:
-    """Forward-backward of ``partition`` on its share ``local_indices`` of iteration
-    ``iteration``: its gradient and report; zeros once an earlier iteration of the chain
-    stopped it (non-finite loss). With ``report_buffers``, partition 0 reports its running
-    statistics (BatchNorm's) after the forward. ``start_buffers``, when given, are loaded
-    first: the exact modes hand partition 0's statistics from each iteration to the next,
-    so a replica rebuilt in another Python worker or on another host continues them. The
-    gradient is that of (share / ``batch_size``) x the share's mean loss; ``batch_size``
-    defaults to the global batch (``spec.batch_size``)."""
+    """Forward-backward of ``partition`` (its data: ``handle``) on its ``share`` of iteration
+    ``iteration``: its gradient and report (whose clock starts at ``entered``, when the task
+    entered Python).
+
+    ``share_of`` says whose mean loss the gradient is of (:class:`ShareOf`). A ``halted``
+    chain (stopped by an earlier non-finite loss) gets zeros and runs nothing.
+    ``start_buffers``, when given, are loaded first: the exact modes hand partition 0's
+    statistics from each iteration to the next, so a replica rebuilt in another Python
+    worker or on another host continues them.
+    """
     started = time.perf_counter()
     replica = worker.fetch(spec.run_id, ("replica", partition), lambda: Replica(spec, handle))
     if start_buffers:
@@ -302,17 +308,18 @@ def replica_gradient(
     if halted:
         gradient, loss_sum, samples = np.zeros(weights.size, weights.dtype), 0.0, 0
     else:
+        batch_size = spec.batch_size if share_of is ShareOf.GLOBAL_BATCH else max(len(share), 1)
         gradient, loss_sum, samples = forward_backward(
             replica,
             weights,
-            local_indices,
-            batch_size or spec.batch_size,
+            share,
+            batch_size,
             iteration,
             spec.gradient_accumulation,
             frozen_weights,
         )
     buffers = None
-    if report_buffers and partition == 0 and replica.buffer_names:
+    if share_of is ShareOf.GLOBAL_BATCH and partition == 0 and replica.buffer_names:
         buffers = replica.buffers()
     seconds = time.perf_counter() - started
     return gradient, Report(loss_sum, samples, seconds, buffers, (entered, time.time()))

@@ -6,9 +6,8 @@ shuffle writer grows its record buffer (1 MB at first) by doubling until the rec
 in every task, and every array of 1 MB or more is a "humongous" allocation for the G1
 collector; a JFR profile of a 64 MB ``all_reduce`` put most of the task threads' Java time
 in that buffer's writes, with hundreds of humongous-allocation collections a minute.
-Records of a few MB avoid both (2026-11-25, a 64 MB all_reduce at N = 2, alternated in
-one process: 1170 -> 890 ms of CPU, 1071 -> 750 ms wall; quiet, against gloo: 470 -> 368
-ms; ``bench/RESULTS.md``).
+Records of a few MB avoid both: a 64 MB ``all_reduce`` at N = 2 took about 30 % less
+wall and CPU time (``bench/RESULTS.md``).
 
 :func:`split_large_values` turns a pair whose value carries more than ``split_above`` bytes
 of buffers into a head (the value pickled with protocol 5, its buffers out of band) and

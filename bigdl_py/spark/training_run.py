@@ -1,12 +1,13 @@
 """The run/chain driver: one ``optimize()`` on Spark, as jobs of chained iterations.
 
 A job runs ``count`` consecutive iterations (a *chain*; one iteration is a chain of length
-1: there is one code path). The training mode (``bigdl_py.spark.modes``) builds the chain's
-stages from the pieces here and in ``replica.py`` / ``owner_update.py``; this module ships
-the weights and the run spec, submits the job, reads what the chain's last stage returns —
-``(partition, weight slice j, history, buffers, timings)`` per partition — and keeps the
-weights (slice ``j`` from partition ``j``: one copy reaches the driver), the running
-statistics and the timings.
+1: there is one code path). :class:`SparkTrainingRun` is the driver's side only: it ships
+the weights and the run spec, describes the job as a :class:`~bigdl_py.spark.records.Chain`
+and hands it to the run's training mode (``spec.mode``, :mod:`bigdl_py.spark.modes`), which
+builds the stages and says which records go where. It submits the job, reads what the
+chain's last stage returns — one :class:`~bigdl_py.spark.records.ChainResult` per partition
+— and keeps the weights (slice ``j`` from partition ``j``: one copy reaches the driver), the
+running statistics, the optimizer state where it travels, and the timings.
 
 Every chained stage is a pure function of its shuffle input and the state files on its
 host's disk (kept from the chain's start), so Spark can recompute any of them after losing
@@ -24,9 +25,7 @@ so — ``iterations_per_job=1`` there).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 from pyspark import cloudpickle
@@ -40,136 +39,12 @@ from bigdl_py.spark.partitioned_data import (
     python_error_text,
     remove_run_everywhere,
 )
-from bigdl_py.spark.replica import Report
+from bigdl_py.spark.records import Chain, ChainResult, HistoryEntry
 from bigdl_py.spark.session import job_description
 
 # Weights up to this size travel inside the task closure (one pickle per task, no broadcast
 # bookkeeping); bigger ones by broadcast, which each executor fetches once.
 CLOSURE_WEIGHTS_LIMIT_BYTES = 2 << 20
-
-
-# --- what travels between a chain's stages ---------------------------------------------------
-class GradientRecord(NamedTuple):
-    """One partition's gradient (or its slice, or its weights) on its way to one partition."""
-
-    piece: collectives.Piece
-    report: Report
-    halted: bool  # an earlier iteration of the chain had a non-finite loss: do nothing
-    history: list | None  # the chain's finished iterations, from partition 0 to 0 only
-    weights: np.ndarray | None  # the weights it was computed on, to its own number only
-
-
-def gradient_record(destination, partition, piece, report, halted, history, weights):
-    """The record ``partition`` sends ``destination``: the loss report to all, the running
-    statistics and the history to 0 only, the weights (or their slice) to itself only, so
-    the stage that updates them needs no cache and stays a pure function of its input."""
-    return GradientRecord(
-        piece,
-        report if destination == 0 else report._replace(buffers=None),
-        halted,
-        history if destination == 0 and partition == 0 else None,
-        weights if destination == partition else None,
-    )
-
-
-class Received(NamedTuple):
-    """A chained update's input, read: the combined gradient (slice) and what came with it."""
-
-    summed: np.ndarray
-    reports: list[Report]
-    halted: bool
-    history: list | None
-    weights: np.ndarray
-    loss_sum: float
-    samples: int
-
-
-def receive_gradients(destination: int, rows: list, count: int, op: str = "sum") -> Received:
-    """BigDL's *aggregateGradientPartition*: combine the pieces ``destination`` received from
-    all ``count`` partitions (in partition order) and read the reports beside them."""
-    records = [record for _, record in rows]
-    _, summed = collectives.combine_owned_pieces(
-        destination, (record.piece for record in records), count, op, "AllReduce"
-    )
-    reports = [record.report for record in records]
-    return Received(
-        summed,
-        reports,
-        records[0].halted,
-        next((record.history for record in records if record.history is not None), None),
-        next(record.weights for record in records if record.weights is not None),
-        float(sum(report.loss_sum for report in reports)),
-        int(sum(report.samples for report in reports)),
-    )
-
-
-def history_with(received: Received, started: float) -> list | None:
-    """The chain's history with this iteration appended (None where it does not travel)."""
-    if received.history is None:
-        return None
-    entry = {
-        "loss_sum": received.loss_sum,
-        "count": received.samples,
-        "forward_backward": max(report.seconds for report in received.reports),
-        "update": time.perf_counter() - started,
-    }
-    return received.history + [entry]
-
-
-def received_buffers(received: Received) -> dict | None:
-    """Partition 0's running statistics, where they came with the gradients (to 0 only)."""
-    return next((report.buffers for report in received.reports if report.buffers), None)
-
-
-def chain_end(received: Received, entered: float, started: float) -> tuple:
-    """The last update's ``(buffers, timings)`` for the driver."""
-    reports = received.reports
-    buffers = received_buffers(received)
-    timings = {
-        "fb_entered": min(report.clock[0] for report in reports),
-        "fb_left": max(report.clock[1] for report in reports),
-        "update_entered": entered,
-        "update_left": time.time(),
-    }
-    return buffers, timings
-
-
-@dataclass
-class Chain:
-    """What a mode needs to build the stages of iterations ``first .. first + count - 1``.
-
-    ``shares[i][j]`` are partition ``j``'s sample indices (within the partition) in the
-    chain's ``i``-th iteration, ``schedules[i]`` the driver's schedule for its update. The
-    callables run on the executors: ``load_spec()`` the run spec, ``get_weights()`` the
-    driver's weights at the chain's start, ``get_frozen()`` the frozen parameters' values.
-    """
-
-    first: int
-    shares: list
-    schedules: list
-    stop_after_nonfinite: bool
-    num_partitions: int
-    bounds: list
-    load_spec: Callable
-    get_weights: Callable
-    get_frozen: Callable
-    initial_states: dict | None
-    handles: dict
-    data_rdd: Any
-    # The run's running statistics (BatchNorm's) are partition 0's replica's. They reach its
-    # next forward through the chain's records and, between jobs, through the driver: a
-    # replica rebuilt after a cache miss (another Python worker, a lost or replaced host)
-    # would otherwise restart from the model's initial statistics.
-    buffers: dict | None = None
-
-    @property
-    def count(self) -> int:
-        return len(self.shares)
-
-    @property
-    def retain_from(self) -> int:
-        """State files from here on stay until the job ends (its stages may be recomputed)."""
-        return self.first - 1
 
 
 class SparkTrainingRun:
@@ -280,26 +155,27 @@ class SparkTrainingRun:
         results = self.collect(rdd, description, what)
         return self.finish_chain(results, chain, submitted, time.time())
 
-    def finish_chain(self, results: list, chain: Chain, submitted: float, returned: float):
+    def finish_chain(
+        self, results: list[ChainResult], chain: Chain, submitted: float, returned: float
+    ) -> list[dict]:
         """Keep what a chain's last stage returned (see :meth:`collect_chain`)."""
-        count = chain.count
-        results.sort(key=lambda record: record[0])
-        self.weights = np.concatenate([np.asarray(record[1]) for record in results])
+        results = sorted(results, key=lambda result: result.partition)
+        self.weights = np.concatenate([np.asarray(result.weights) for result in results])
         # The partitions now keep their own state; where it travels (no shared disk), the
         # next job's first update reads the state the chain's last one returned.
         self.initial_optim_states = None
-        states = [record[5] if len(record) > 5 else None for record in results]
-        if all(state is not None for state in states):
-            self.initial_optim_states = {"iteration": chain.first + count, "shards": states}
-        history, buffers = results[0][2], results[0][3]
-        if buffers is not None:
-            self.buffers = buffers
-        self.last_timings = _timings(submitted, returned, count, history, results)
+        if all(result.state is not None for result in results):
+            shards = [result.state for result in results]
+            self.initial_optim_states = {"iteration": chain.first + chain.count, "shards": shards}
+        history = results[0].history
+        if results[0].buffers is not None:
+            self.buffers = results[0].buffers
+        self.last_timings = _timings(submitted, returned, chain.count, history, results)
         return [
             {
-                "loss": entry["loss_sum"] / max(entry["count"], 1),
-                "count": entry["count"],
-                "finite": bool(np.isfinite(entry["loss_sum"])),
+                "loss": entry.loss_sum / max(entry.count, 1),
+                "count": entry.count,
+                "finite": bool(np.isfinite(entry.loss_sum)),
             }
             for entry in history
         ]
@@ -360,7 +236,13 @@ class SparkTrainingRun:
         remove_run_everywhere(self.sc, self.spec.state_dir, self.spec.run_id, self.num_partitions)
 
 
-def _timings(submitted: float, returned: float, count: int, history, results) -> dict:
+def _timings(
+    submitted: float,
+    returned: float,
+    count: int,
+    history: list[HistoryEntry],
+    results: list[ChainResult],
+) -> dict:
     """Seconds of the last job and, per iteration, of its phases (driver and task clocks).
 
     ``forward_backward`` and ``update`` are the slowest partition's compute (mean over the
@@ -368,15 +250,15 @@ def _timings(submitted: float, returned: float, count: int, history, results) ->
     worker hand-off until the first forward-backward runs Python code; ``to_driver`` from
     the last update leaving Python to collect() returning.
     """
-    clocks = [record[4] for record in results]
+    clocks = [result.timings for result in results]
     ran = max(len(history), 1)
     job = returned - submitted
     return {
         "job": job,
         "iterations_per_job": float(count),
         "iteration": job / ran,
-        "forward_backward": float(np.mean([h["forward_backward"] for h in history] or [0])),
-        "update": float(np.mean([h["update"] for h in history] or [0])),
-        "to_first_task": min(clock["fb_entered"] for clock in clocks) - submitted,
-        "to_driver": returned - max(clock["update_left"] for clock in clocks),
+        "forward_backward": float(np.mean([entry.forward_backward for entry in history] or [0])),
+        "update": float(np.mean([entry.update for entry in history] or [0])),
+        "to_first_task": min(clock.fb_entered for clock in clocks) - submitted,
+        "to_driver": returned - max(clock.update_left for clock in clocks),
     }

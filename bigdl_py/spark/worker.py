@@ -41,14 +41,25 @@ _hits = 0
 _misses = 0
 
 
-def _threads_from_task_context() -> int | None:
-    """``spark.task.cpus`` of the running task, or None outside a Spark task."""
+def _task_context():
+    """The running Spark task's ``TaskContext``, or None outside a task (or without pyspark)."""
     try:
         from pyspark import TaskContext
     except ImportError:
         return None
-    context = TaskContext.get()
+    return TaskContext.get()
+
+
+def _threads_from_task_context() -> int | None:
+    """``spark.task.cpus`` of the running task, or None outside a Spark task."""
+    context = _task_context()
     return context.cpus() if context is not None else None
+
+
+def task_partition_id() -> int | None:
+    """The partition the running Spark task reads, or None outside a task (for messages)."""
+    context = _task_context()
+    return context.partitionId() if context is not None else None
 
 
 def configure_worker_threads(count: int | None = None) -> int:

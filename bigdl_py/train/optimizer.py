@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from bigdl_py.data.spark_types import is_spark_data
 from bigdl_py.nn.module import Module
 from bigdl_py.optim import OptimMethod
 from bigdl_py.train.batches import as_array_dataset
@@ -79,14 +80,6 @@ class LocalOptimizer(BaseOptimizer):
         return as_array_dataset(dataset, "validation dataset", shuffle=False, train=False)
 
 
-def _is_spark_data(data: Any) -> bool:
-    """An RDD or a DataFrame, recognised without importing pyspark."""
-    return any(
-        cls.__module__.startswith("pyspark.") and cls.__name__ in ("RDD", "DataFrame")
-        for cls in type(data).__mro__
-    )
-
-
 class Optimizer:
     """BigDL's front door: a ``LocalOptimizer`` or a ``DistriOptimizer`` for the data given.
 
@@ -119,7 +112,7 @@ class Optimizer:
                 "Optimizer takes (model, training_set, criterion, optim_method, end_trigger, "
                 "batch_size); got a batch size where the end trigger goes — pass them by keyword"
             )
-        if _is_spark_data(training_set):
+        if is_spark_data(training_set):
             _refuse_spark_connect(training_set)
             target = _distri_optimizer_class()
         else:

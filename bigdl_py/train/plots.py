@@ -6,6 +6,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from bigdl_py.nn.serialization import atomic_write
 from bigdl_py.train.summary import Summary, event_files, read_scalars
 
 #: Tags left out by default: they describe speed and settings, not learning.
@@ -101,7 +102,7 @@ def plot_curves(
     if title:
         figure.suptitle(title)
     path = os.fspath(path)
-    figure.savefig(path, format="png", dpi=100)
+    atomic_write(path, lambda handle: figure.savefig(handle, format="png", dpi=100))
     return path
 
 
@@ -134,7 +135,7 @@ def save_image_grid(
         grid[top : top + height, left : left + width] = image
     path = os.fspath(path)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    temporary = f"{path}.tmp-{os.getpid()}.png"
-    imsave(temporary, grid, cmap="gray", vmin=0.0, vmax=1.0)
-    os.replace(temporary, path)
+    atomic_write(
+        path, lambda handle: imsave(handle, grid, cmap="gray", vmin=0.0, vmax=1.0, format="png")
+    )
     return path

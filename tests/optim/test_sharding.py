@@ -25,9 +25,9 @@ def test_slices_are_contiguous_balanced_and_cover_the_vector(size):
 def test_slice_bounds_refuses_bad_arguments():
     with pytest.raises(ValueError, match="slice index must be in"):
         slice_bounds(10, 3, 3)
-    with pytest.raises(ValueError, match="slice count must be >= 1"):
+    with pytest.raises(ValueError, match="number of shares must be a positive integer"):
         slice_bounds(10, 0, 0)
-    with pytest.raises(ValueError, match="size must be >= 0"):
+    with pytest.raises(ValueError, match="size to split must be >= 0"):
         slice_bounds(-1, 0, 1)
 
 

@@ -238,3 +238,53 @@ def test_state_files_are_kept_from_a_chains_start(tmp_path):
     assert [store.load(i) is not None for i in range(6)] == [False] + [True] * 5
     store.save(6, {"step": np.int64(6)})  # the next single iteration: back to two files
     assert [store.load(i) is not None for i in range(7)] == [False] * 5 + [True] * 2
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("update", ["sharded", "replicated", "one-task", "local-sgd:4"])
+def test_an_update_skipped_for_a_nonfinite_norm_stops_no_chain(spark, update):
+    """Every mode's owner step skips an update whose global-norm scale is not finite, and
+    only a non-finite loss stops a chain, as the driver judges iterations by their loss.
+    (One-task stopped its chain after such a skip too, ending each job after one iteration.)
+
+    A model at exactly 0 under the loss mean(sqrt(|output|)): the loss is 0, its gradient
+    NaN (sqrt's slope is infinite at 0, |x|'s 0), so the L2 norm is NaN in every iteration."""
+    features = np.random.default_rng(0).standard_normal((64, 4)).astype(np.float32)
+    labels = np.zeros(64, dtype=np.int64)
+    model = nn.Linear(4, 1)
+    for parameter in model.parameters():
+        parameter.data[...] = 0
+
+    def sqrt_loss(output, labels):
+        return output.abs().sqrt().mean()
+
+    optimizer = DistriOptimizer(
+        model,
+        (features, labels),
+        sqrt_loss,
+        SGD(lr=0.1),
+        batch_size=16,
+        end_trigger=MaxIteration(8),
+        num_partitions=2,
+        iterations_per_job=8,
+        update=update,
+        progress=False,
+    )
+    optimizer.set_gradient_clipping_by_l2_norm(1.0)
+    runner, taken = optimizer.runner, []
+    run_iterations = runner.run_iterations
+
+    def recorded(steps, stop_after_nonfinite):
+        results = run_iterations(steps, stop_after_nonfinite)
+        taken.append((len(steps), len(results)))
+        return results
+
+    runner.run_iterations = recorded
+    with optimizer:
+        optimizer.optimize()
+    assert optimizer.state.iteration == 8 and optimizer.state.loss == 0.0
+    if update == "sharded":  # the global norm takes it a job per iteration
+        assert taken == [(1, 1)] * 8
+    else:  # chains ending at the epochs' ends (4 batches an epoch)
+        assert taken == [(4, 4), (4, 4)]
+    assert not np.any(flat(optimizer.model))  # no update was applied

@@ -4,6 +4,8 @@ losses were finite trained on until their round's end before anyone knew."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from blob_data import BATCH, blobs, flat
@@ -40,7 +42,8 @@ def local_sgd_run(features, labels, end, iterations_per_job, shared_disk=True):
         progress=False,
     )
     # As on executors without a shared disk: the optimizer state travels with the jobs.
-    optimizer.runner.options["shared_disk"] = shared_disk
+    executors = optimizer.training_set.executors
+    optimizer.training_set.executors = dataclasses.replace(executors, shared_disk=shared_disk)
     return optimizer
 
 

@@ -14,9 +14,9 @@ from blob_data import blobs, classifier
 
 from bigdl_py import nn
 from bigdl_py.optim import SGD
+from bigdl_py.spark.modes.replica_process import ReplicaProcess, processes_available
 from bigdl_py.spark.partitioned_data import write_partition_data
 from bigdl_py.spark.replica import Replica, RunSpec, forward_backward
-from bigdl_py.spark.replica_process import ReplicaProcess, processes_available
 
 pytestmark = pytest.mark.skipif(
     not processes_available("cpu"), reason="this platform does not fork"

@@ -154,3 +154,15 @@ def test_cache_lives_in_python_workers_across_jobs(sc):
     assert any({j for j, _ in earlier} - {job} for job, *_, earlier in outcomes)
     # spark.task.cpus is 1 in the test session: one BLAS thread per task.
     assert {threads for _, _, _, threads, _, _ in outcomes} == {1}
+
+
+def test_task_partition_id_names_the_tasks_partition():
+    assert worker.task_partition_id() is None  # on the driver
+
+
+@pytest.mark.spark
+def test_task_partition_id_inside_tasks(sc):
+    seen = sc.parallelize(range(6), 3).mapPartitions(
+        lambda rows: [(list(rows), worker.task_partition_id())]
+    )
+    assert seen.collect() == [([0, 1], 0), ([2, 3], 1), ([4, 5], 2)]

@@ -1,13 +1,75 @@
 """Training modes: how the partitions' gradients become new weights, one object per mode.
 
-A mode owns its stage builders (what one chained iteration does in Spark), its optimizer
-state layout over the partitions, how that state goes into a checkpoint and comes back, and
-whether it can chain iterations under global-norm clipping. ChainerMN picks a communicator by
-name; ``DistriOptimizer(update=...)`` picks a mode the same way: a registered name, or a mode
-object (``LocalSGD(period=4)``).
+A mode owns the stages of a job (what its chained iterations do in Spark, and which records
+go where), its optimizer state's layout over the partitions, how that state goes into a
+checkpoint and comes back, and whether it can chain iterations under global-norm clipping.
+ChainerMN picks a communicator by name; ``DistriOptimizer(update=...)`` picks a mode the same
+way: a registered name, or a mode object (``LocalSGD(period=4)``).
 
 A new mode is one file in this package — a :class:`TrainingMode` subclass — and one line in
 ``_MODULES`` below that registers it.
+
+The mode contract
+-----------------
+The driver (:class:`bigdl_py.spark.training_run.SparkTrainingRun`) runs ``chain.count``
+consecutive iterations as one job: it hands the run's mode a
+:class:`~bigdl_py.spark.records.Chain` (the iterations' shares of the global batches and
+their schedules, how a task reaches the run spec, the driver's weights and the data) and
+reads back one :class:`~bigdl_py.spark.records.ChainResult` per partition. On the driver:
+
+``build_chain(chain) -> RDD``
+    The job, not yet run, built on ``chain.data_rdd`` (the cached data handles, one per
+    partition). Its ``collect()`` gives one ``ChainResult`` for each partition ``j``: slice
+    ``j`` (``chain.bounds[j]``) of the weights after the chain's last iteration, the
+    running statistics and the history — one :class:`~bigdl_py.spark.records.HistoryEntry`
+    per iteration that ran, in order — in partition 0's result, the timings, and the
+    optimizer state as ``checkpoint_state`` lays it out where it travels
+    (``spec.carry_state``: executors without a shared disk), else None. The mathematics of
+    an exact mode is the local loop's on the global batch (``train/runner.py``'s contract:
+    clip in order, step, a non-finite loss changes neither weights nor state but advances
+    the schedule). With ``chain.stop_after_nonfinite`` the iterations after a non-finite
+    loss do nothing and the history ends with that one. Every stage must be a pure function
+    of its input and the state files kept since the chain's start
+    (``chain.retain_from``): Spark recomputes the stages a lost executor held.
+``run(run, chain, description) -> list[dict]`` (optional)
+    One ``{"loss", "count", "finite"}`` dict per iteration that ran. The default collects
+    ``build_chain(chain)`` (``run.collect_chain``); a mode that needs several jobs for a
+    chain overrides it with ``run.collect(rdd, description, what)`` and
+    ``run.finish_chain(results, chain, submitted, returned)`` (the sharded update under
+    global-norm clipping; local SGD replaying up to a non-finite loss).
+``iterations_per_call(requested, spec) -> int``, ``steps_to_run(first, count) -> int``
+    How many iterations one call, and one job of it, may take.
+``resume_states(shards, flat_size, count) -> list[dict]``
+    A checkpoint's optimizer state (any mode's layout, any partition count) as this
+    mode's ``count`` entries.
+
+On the executors (inside the stages):
+
+``state_owner(partition)``, ``initial_state(shards, partition, flat_size)``,
+``checkpoint_state(state, partition, bounds)``
+    Which task keeps the state a checkpoint entry is cut from, what partition
+    ``partition`` starts from at a resume, and what it gives a checkpoint (entry ``j`` is
+    slice ``j`` of the state in the exact modes, whichever wrote it).
+
+The building blocks, so that a mode says only which records go where:
+
+* :mod:`bigdl_py.spark.modes.stages` — a stage is
+  ``rdd.mapPartitionsWithIndex(stage_task(Stage.of(chain, ...), body))`` and a shuffle
+  between two stages is ``collectives.shuffle_to_owners(rdd, chain.num_partitions)``.
+  ``stage_task`` opens every task one way (the driver's weights in the chain's first stage,
+  the previous stage's records later: :class:`~bigdl_py.spark.modes.stages.StageInput`);
+  ``body(inp)`` yields ``(destination, record)`` pairs, or, in the last stage, one
+  ``chain_end(...)``. The exact modes' pieces: ``partition_gradient``,
+  ``receive_gradients``, ``update_received``, ``after_update``.
+* :mod:`bigdl_py.spark.records` — the record kinds every mode shares:
+  ``GradientRecord.addressed`` (a gradient or its slice, to the partition that adds it up),
+  ``Carried`` (what one iteration hands the next). A mode's own kinds are NamedTuples in
+  its file, read by its own reader (local SGD's ``_RoundRecord`` and ``_average``).
+* :mod:`bigdl_py.spark.owner_update` — the one owner step (``owner_step``; with the state
+  kept between iterations, ``update_owned``) and ``stops_chain``: every mode updates
+  through them.
+* :func:`bigdl_py.spark.replica.replica_gradient` — a partition's forward-backward, of its
+  share of the global batch or of its own batch (``ShareOf``).
 """
 
 from __future__ import annotations
@@ -59,12 +121,12 @@ class TrainingMode:
         return count
 
     def run(self, run: Any, chain: Any, description: str) -> list[dict]:
-        """Run ``chain`` on ``run`` (a ``SparkTrainingRun``); one dict per iteration."""
+        """Run ``chain`` on ``run`` (a ``SparkTrainingRun``); one dict per iteration that ran."""
         return run.collect_chain(self.build_chain(chain), chain, description)
 
     def build_chain(self, chain: Any) -> Any:
-        """The RDD whose partition ``j`` returns ``(j, weight slice j, history, buffers,
-        timings)`` after the chain's iterations."""
+        """The job's RDD: its ``collect()`` gives one ``ChainResult`` per partition (see the
+        module docstring)."""
         raise NotImplementedError
 
     def resume_states(self, shards: list[dict], flat_size: int, count: int) -> list[dict]:

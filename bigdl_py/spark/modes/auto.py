@@ -1,38 +1,32 @@
 """``update="auto"`` (the default): pick the exact mode and the iterations per job.
 
+The rule below; the runs it comes from are in ``bench/RESULTS.md`` (the section "Moved
+from the code's docstrings" quotes the numbers this docstring used to carry, with their
+dates).
+
 * **Local mode: one task.** Where Spark runs in one process (``local[n]``), every
   partition is on one machine, and a Spark stage per iteration buys no parallelism that
   one task and the processes it forks do not. So auto picks ``one-task``
   (:mod:`bigdl_py.spark.modes.one_task`: the same exact SGD on the same global batches,
   one task per job of at least 128 iterations (64 above 1 MB of parameters, 4 above 16 MB:
   their iterations take seconds, and progress comes a job at a time), the shares trained on
-  a replica per task slot, in the task and in child processes). Measured on the bench
-  machine (2 cores, ``local[2]``, batch 128,
-  bench/RESULTS.md 2026-11-25 07:07): one-task ran LeNet-5 at 11,401-13,129 samples/s
-  against 1,837-1,976 for replicated:16, the CIFAR CNN at 653-656 against 347-386,
-  ResNet-18 at 39.2 against 32.6 for sharded:1. ``local-cluster`` and
-  real clusters get the data-parallel rule below.
+  a replica per task slot, in the task and in child processes); it ran LeNet-5, the CIFAR
+  CNN and ResNet-18 faster than either exact mode. ``local-cluster`` and real clusters get
+  the data-parallel rule below.
 
-On a cluster, the rule, and the measurements it comes from (``bench/RESULTS.md``,
-"Everything the issue asks for, in one run", 2026-11-24, local[2], N = 2, warm JVM; and
-"AllReduce alone"):
+On a cluster:
 
 * **The mode.** An iteration of the sharded update is two Spark stages, one of the
   replicated update is one stage whose shuffle carries N whole gradients to every partition
-  (N x N x M bytes in all, against about 2 x N x M). A stage costs about 36 ms; moving the
-  bytes costs little below a few MB per receiver and grows past 16 MB (the AllReduce of N=2
-  arrays took 126 ms at 1 MB, 140 at 4 MB, 232 at 16 MB, 776 at 64 MB). Measured:
-  LeNet-5 (89 KB of parameters) runs 1.6-1.8x faster replicated at batch 128 (2,164-2,805
-  against 1,359-1,661 samples/s) and 1.3-1.5x at 512; the CIFAR CNN (4.5 MB) about the same
-  either way (replicated:8 401-415, sharded:1 435-464; replicated ahead on 2026-11-23, 286
-  against 229). So: **replicated while N x parameter bytes <= 16 MB** (what one partition
-  receives per iteration), **sharded above** — there the extra bytes cost more than the
-  stage saved, and each partition would also keep the whole optimizer state.
-* **Iterations per job.** Replicated: **16** (median 2,395 samples/s against 2,164 at 8, at
-  batch 128; 7,943 against 7,628 at 512). Sharded: **1** — chaining did not pay for it
-  (LeNet-5 at 512: 5,760 at 1 against 5,251 at 8; CIFAR CNN 435 against 332). Chaining needs
-  executors that share a disk (a chained stage may run away from its partition's files):
-  **1 everywhere else**. An ``iterations_per_job`` the caller gives is kept.
+  (N x N x M bytes in all, against about 2 x N x M). A stage's fixed cost is the larger part
+  while the bytes one partition receives stay below a few MB; past 16 MB moving them costs
+  more than the stage saved, and each partition would also keep the whole optimizer state.
+  So: **replicated while N x parameter bytes <= 16 MB** (what one partition receives per
+  iteration), **sharded above**.
+* **Iterations per job.** Replicated: **16** (faster than 8); sharded: **1** (chaining did
+  not pay for its second shuffle). Chaining needs executors that share a disk (a chained
+  stage may run away from its partition's files): **1 everywhere else**. An
+  ``iterations_per_job`` the caller gives is kept.
 * **Global-norm clipping** costs the sharded update a second job per iteration and nothing
   to the replicated one; the rule above already picks replicated wherever it is cheap, and
   the sharded update then runs one iteration per job (as without ``auto``).

@@ -55,13 +55,12 @@ import numbers
 import time
 from typing import Any, NamedTuple
 
-import numpy as np
-
 from bigdl_py.spark import collectives, owner_update, worker
 from bigdl_py.spark.modes import TrainingMode, are_whole_states, whole_state
-from bigdl_py.spark.modes.replicated import exact_update, one_stage_per_iteration
-from bigdl_py.spark.partitioned_data import drain
-from bigdl_py.spark.replica import Replica, replica_gradient
+from bigdl_py.spark.modes.replicated import one_stage_per_iteration
+from bigdl_py.spark.modes.stages import Stage, chain_end, stage_task
+from bigdl_py.spark.records import Carried, HistoryEntry
+from bigdl_py.spark.replica import Replica, ShareOf, replica_gradient
 
 
 class LocalSGD(TrainingMode):
@@ -160,7 +159,7 @@ class LocalSGD(TrainingMode):
         between jobs otherwise, and one rebuilt after a cache miss (a lost host, another
         Python worker) the model's initial ones: both differ from the averaged ones."""
         if chain.first < self.warmup_iterations:
-            return one_stage_per_iteration(chain, exact_update)
+            return one_stage_per_iteration(chain)
         rounds = self.rounds(chain.first, chain.count)
         fractions = _share_fractions([len(share) for share in chain.shares[0]])
         rdd = chain.data_rdd
@@ -210,14 +209,22 @@ class _RoundRecord(NamedTuple):
 
     piece: collectives.Piece  # its weights x its share fraction
     buffers: dict | None  # its running statistics x its share fraction
-    losses: list  # (loss_sum, samples, forward-backward s, update s) per iteration
+    losses: list[HistoryEntry]  # its own part of each of the round's iterations
     halted: bool
-    history: list | None  # the chain's finished iterations, from partition 0 to 0 only
-    clock: tuple[float, float]
+    history: list[HistoryEntry] | None  # the chain's finished iterations, from 0 to 0 only
+    clock: tuple[float, float]  # when it entered Python and left it
     state: dict | None  # its optimizer state, to itself only, where the state travels
 
 
-def _average(partition: int, rows: list, count: int):
+class _Averaged(NamedTuple):
+    """A round's records, read: what the next round starts from, and what came with it."""
+
+    carried: Carried  # the averaged weights and statistics, the merged history
+    clock: tuple[float, float]  # the round's first entry into Python and last exit
+    state: dict | None  # this partition's own optimizer state, where it travels
+
+
+def _average(partition: int, rows: list, count: int) -> _Averaged:
     """Average the weights and buffers of every partition's record; merge the losses."""
     records = sorted((record for _, record in rows), key=lambda record: record.piece.rank)
     _, weights = collectives.combine_owned_pieces(
@@ -232,107 +239,89 @@ def _average(partition: int, rows: list, count: int):
     history = next((record.history for record in records if record.history is not None), None)
     if history is not None:
         for position in range(len(records[0].losses)):
-            losses = [record.losses[position] for record in records]
+            parts = [record.losses[position] for record in records]
             history = history + [
-                {
-                    "loss_sum": float(sum(loss[0] for loss in losses)),
-                    "count": int(sum(loss[1] for loss in losses)),
-                    "forward_backward": max(loss[2] for loss in losses),
-                    "update": max(loss[3] for loss in losses),
-                }
+                HistoryEntry(
+                    float(sum(part.loss_sum for part in parts)),
+                    int(sum(part.count for part in parts)),
+                    max(part.forward_backward for part in parts),
+                    max(part.update for part in parts),
+                )
             ]
     halted = any(record.halted for record in records)
     clock = (min(r.clock[0] for r in records), max(r.clock[1] for r in records))
-    state = records[partition].state
-    return weights, buffers, halted, history, clock, state
+    return _Averaged(Carried(weights, halted, history, buffers), clock, records[partition].state)
 
 
 def _round_stage(chain, rounds: list, index: int, fractions: list[float]):
     """Stage ``index``: average the previous round's replicas (when index > 0), then train
     round ``index`` locally (when index < len(rounds)) and send the result to everyone. The
-    first stage loads the driver's running statistics (``chain.buffers``), when it has any."""
-    num_partitions, bounds, first = chain.num_partitions, chain.bounds, chain.first
-    load_spec, handles, get_frozen = chain.load_spec, chain.handles, chain.get_frozen
-    driver_weights = chain.get_weights if index == 0 else None
-    driver_buffers = chain.buffers if index == 0 else None
-    resumed_states = chain.initial_states if index == 0 else None
+    first stage starts from the driver's weights and running statistics."""
+    stage = Stage.of(chain, reads_driver=index == 0, first_update=index == 0)
     steps = range(*rounds[index]) if index < len(rounds) else range(0)
     shares = [chain.shares[step] for step in steps]
     schedules = [chain.schedules[step] for step in steps]
-    stop_after_nonfinite, retain_from = chain.stop_after_nonfinite, chain.retain_from
-    final = index == len(rounds)
+    first, final = chain.first, index == len(rounds)
 
-    def task(partition, rows):
-        entered = time.time()
-        spec = load_spec()
-        rows = drain(rows)
-        if index == 0:
-            (handle,) = rows
-            weights, buffers, halted, history = driver_weights(), driver_buffers, False, []
-        else:
-            handle = handles[partition]
-            weights, buffers, halted, history, clock, state = _average(
-                partition, rows, num_partitions
-            )
+    def body(inp):
+        spec, partition = inp.spec, inp.partition
+        carried = inp.carried
+        if carried is None:
+            averaged = _average(partition, inp.rows, stage.num_partitions)
+            carried = averaged.carried
             if final:  # slice j of the averaged weights to the driver
-                start, stop = bounds[partition]
-                timings = {
-                    "fb_entered": clock[0],
-                    "fb_left": clock[1],
-                    "update_entered": entered,
-                    "update_left": time.time(),
-                }
-                yield partition, weights[start:stop], history, buffers, timings, state
+                weight_slice = stage.slice_of(carried.weights, partition)
+                yield chain_end(
+                    partition, weight_slice, carried, averaged.clock, inp.entered, averaged.state
+                )
                 return
-        replica = worker.fetch(spec.run_id, ("replica", partition), lambda: Replica(spec, handle))
-        if buffers:
-            replica.load_buffers(buffers)
+        replica = worker.fetch(
+            spec.run_id, ("replica", partition), lambda: Replica(spec, inp.handle)
+        )
+        if carried.buffers:
+            replica.load_buffers(carried.buffers)
+        weights, halted = carried.weights, carried.halted
         losses = []
         iteration = first + steps.start - 1  # the state's version before the round
         for step, iteration in enumerate(first + s for s in steps):
             # A halted partition still records its (unchanged) state: the next iteration,
             # a retry or the next job finds every version.
-            share = shares[step][partition]
             gradient, report = replica_gradient(
                 spec,
-                partition,
-                handle,
-                weights,
-                halted,
-                share,
-                iteration,
-                False,
-                entered,
-                get_frozen(),
-                batch_size=max(len(share), 1),
+                partition=partition,
+                handle=inp.handle,
+                weights=weights,
+                share=shares[step][partition],
+                iteration=iteration,
+                entered=inp.entered,
+                share_of=ShareOf.OWN_BATCH,
+                halted=halted,
+                frozen_weights=stage.get_frozen(),
             )
             update_started = time.perf_counter()
-            owner_update.clip_summed_slice(spec, gradient)
             weights = owner_update.update_owned(
                 spec,
                 partition,
                 iteration,
-                resumed_states,
+                stage.resumed_states,
                 weights,
-                0,
                 gradient,
                 report.loss_sum,
                 schedules[step],
-                owner_update.global_norm_scale(spec, gradient),
-                retain_from=retain_from,
                 halted=halted,
+                retain_from=stage.retain_from,
             )
             seconds = time.perf_counter() - update_started
-            losses.append((report.loss_sum, report.samples, report.seconds, seconds))
-            halted = halted or (stop_after_nonfinite and not np.isfinite(report.loss_sum))
+            losses.append(HistoryEntry(report.loss_sum, report.samples, report.seconds, seconds))
+            halted = halted or owner_update.stops_chain(report.loss_sum, stage.stop_after_nonfinite)
         fraction = fractions[partition]
         piece = collectives.whole_piece(partition, weights * weights.dtype.type(fraction))
         own_buffers = None
         if replica.buffer_names:
             own_buffers = {name: value * fraction for name, value in replica.buffers().items()}
-        clock = (entered, time.time())
-        state = owner_update.travelling_state(spec, partition, iteration, bounds)
-        for destination in range(num_partitions):
+        clock = (inp.entered, time.time())
+        state = owner_update.travelling_state(spec, partition, iteration, stage.bounds)
+        for destination in range(stage.num_partitions):
             to_zero = destination == 0 and partition == 0
             own = destination == partition
             yield (
@@ -342,10 +331,10 @@ def _round_stage(chain, rounds: list, index: int, fractions: list[float]):
                     own_buffers,
                     losses,
                     halted,
-                    history if to_zero else None,
+                    carried.history if to_zero else None,
                     clock,
                     state if own else None,
                 ),
             )
 
-    return task
+    return stage_task(stage, body)

@@ -1,13 +1,13 @@
 """``update="one-task"``: every partition's share of a global batch trains in ONE Spark task.
 
 Where every partition lies on one machine (Spark's local mode), a Spark stage per iteration
-(35-45 ms on the bench machine; the exact modes cannot chain iterations without one) buys
-nothing that one process does not. This mode runs the same exact synchronous SGD in a
+(tens of milliseconds; the exact modes cannot chain iterations without one) buys nothing
+that one process does not. This mode runs the same exact synchronous SGD in a
 single task per job: the task reads every partition's cached data (``coalesce(1)``, no
 shuffle) and, for each iteration, trains the partitions' shares of the global batch on ``R``
 model replicas at once (``R`` = the run's partitions, at most the machine's cores): the
 task's thread trains replica 0, and each other replica lives in a child process forked from
-the task's worker (``bigdl_py.spark.replica_process``: weights and gradients through shared
+the task's worker (``bigdl_py.spark.modes.replica_process``: weights and gradients through shared
 memory, so the replicas do not take turns at the GIL), or on a thread of the task where the
 platform cannot fork or the replicas are on a GPU. It adds their gradients in partition
 order and steps the whole vector with the whole optimizer state. With ``R``
@@ -16,13 +16,9 @@ replica normalises its own share (BatchNorm), draws partition ``j``'s dropout st
 partition 0's replica keeps the run's running statistics. With fewer replicas one
 trains several neighbouring shares at once; with one, the whole batch.
 
-Measured on the bench machine (``bench/RESULTS.md``, 2026-11-25 07:07, ``local[2]``, batch
-128): LeNet-5 11,401-11,901 samples/s against 1,837-1,879 for replicated:16 and 12,009 for
-a LocalOptimizer in the same process; the CIFAR CNN 653-656 against 347-386 (LocalOptimizer
-696). Two replica threads took LeNet-5's forward-backward at batch 128 to 9.35 ms against
-11.55 for one replica on both threads (the autograd's Python holds the GIL between NumPy
-calls); the second replica in a child process took a step to 8.41 ms against 12.70 on a
-thread (medians, ``replica_process``'s docstring). ``update="auto"`` picks this mode in local mode.
+In local mode it runs within a few per cent of a LocalOptimizer in the same process and
+several times faster than either exact mode (``bench/RESULTS.md``), so ``update="auto"``
+picks it there.
 
 Everything else holds as in the exact modes: checkpoints have their layout (slice ``j`` of
 the state in entry ``j``) and resume exactly, in this mode or another; the state is written
@@ -45,21 +41,22 @@ from bigdl_py import backend
 from bigdl_py.optim.sharding import all_slice_bounds, concatenate_state_dicts, split_state_dict
 from bigdl_py.spark import collectives, owner_update, worker
 from bigdl_py.spark.modes import TrainingMode
+from bigdl_py.spark.modes.replica_process import ReplicaProcess, processes_available
+from bigdl_py.spark.modes.stages import Stage, chain_end
 from bigdl_py.spark.partitioned_data import drain, load_partition_data
+from bigdl_py.spark.records import HistoryEntry
 from bigdl_py.spark.replica import Replica, forward_backward
-from bigdl_py.spark.replica_process import ReplicaProcess, processes_available
 
-#: A job is one task however many iterations it holds: the Spark job's fixed cost (40-80 ms
-#: quiet, 55-280 ms from the driver's call to the task's first line and back with other
-#: work on the 2 cores) is paid once per this many iterations at least (a trigger, an epoch's
-#: end still end a job early). Progress and summaries arrive a job at a time, so a model whose
-#: iterations take seconds runs short jobs: ResNet-18's (11 M parameters) take 3.3 s each on
-#: the bench machine, where 64 of them would leave the progress bar still for 3.5 minutes.
+#: A job is one task however many iterations it holds: the Spark job's fixed cost (tens of
+#: milliseconds, more with other work on the cores) is paid once per this many iterations at
+#: least (a trigger, an epoch's end still end a job early). Progress and summaries arrive a
+#: job at a time, so a model whose iterations take seconds runs short jobs (ResNet-18's
+#: iterations take seconds each: 64 of them would leave the progress bar still for minutes).
 MIN_ITERATIONS_PER_JOB = 64
 # Models of at most this many bytes of parameters run SMALL_MODEL_ITERATIONS_PER_JOB at
-# least: their iterations take milliseconds (LeNet-5's 0.24 MB: 8-12 ms at batch 128), where
-# the job's cost weighs most; 128 of them still report progress every second or two, and a
-# validation every 117 iterations (bench/time_to_accuracy.py) then ends one job, not two.
+# least: their iterations take milliseconds, where the job's cost weighs most; 128 of them
+# still report progress every second or two, and a validation every 117 iterations
+# (bench/time_to_accuracy.py) then ends one job, not two.
 SMALL_MODEL_BYTES = 1 << 20
 SMALL_MODEL_ITERATIONS_PER_JOB = 128
 # Above this many bytes of parameters, a job runs LARGE_MODEL_ITERATIONS_PER_JOB at least.
@@ -208,31 +205,28 @@ def _train_with_helpers(helpers, pieces, train_own, weights, spec, iteration, fr
 def _train_chain(chain):
     """The task: the chain's iterations one after another, then slice ``j`` of the weights
     for each partition ``j`` (the driver joins them as it does every mode's)."""
-    num_partitions, bounds, first = chain.num_partitions, chain.bounds, chain.first
-    load_spec, get_weights, get_frozen = chain.load_spec, chain.get_weights, chain.get_frozen
-    driver_buffers, resumed_states = chain.buffers, chain.initial_states
+    stage = Stage.of(chain, reads_driver=True, first_update=True)
     shares, schedules = chain.shares, chain.schedules
-    stop_after_nonfinite, retain_from = chain.stop_after_nonfinite, chain.retain_from
     # Fixed on the driver: which shares a replica trains (and so its batch statistics and
     # the order of the gradients' sum) must not depend on the host a retried task runs on.
-    threads = max(1, min(num_partitions, os.cpu_count() or 1))
-    groups = all_slice_bounds(num_partitions, threads)  # partitions [a, b) per thread
+    threads = max(1, min(stage.num_partitions, os.cpu_count() or 1))
+    groups = all_slice_bounds(stage.num_partitions, threads)  # partitions [a, b) per thread
 
     def task(rows):
         entered = time.time()
-        spec = load_spec()
+        spec = stage.load_spec()
         handles = sorted(drain(rows), key=lambda handle: handle["partition"])
         offsets = np.cumsum([0] + [int(handle["size"]) for handle in handles])
         # Each replica's ops run on its own thread: BLAS (and the convolutions' tiles) get one.
         with backend.blas_threads(1):
             replicas = _replicas(spec, handles, groups)
-            if driver_buffers:
-                replicas[0].load_buffers(driver_buffers)
-            method = owner_update.owned_shard(spec, 0, first, resumed_states)
-            weights = get_weights()
-            halted, history, frozen = False, [], get_frozen()
+            carried = stage.start()
+            if carried.buffers:
+                replicas[0].load_buffers(carried.buffers)
+            method = owner_update.owned_shard(spec, 0, stage.first, stage.resumed_states)
+            weights, halted, history, frozen = carried.weights, False, [], stage.get_frozen()
             for step, share in enumerate(shares):
-                iteration = first + step
+                iteration = stage.first + step
                 if halted:  # stopped by a non-finite loss: nothing changes any more
                     continue
                 pieces = [
@@ -269,45 +263,26 @@ def _train_chain(chain):
                 loss_sum = float(sum(result[1] for result in results))
                 samples = int(sum(result[2] for result in results))
                 update_started = time.perf_counter()
-                schedule = schedules[step]
-                owner_update.clip_summed_slice(spec, gradient)
-                l2_scale = owner_update.global_norm_scale(spec, gradient)
-                if np.isfinite(loss_sum) and np.isfinite(l2_scale):
-                    weights = owner_update.update_owned_slice(
-                        method, weights, gradient, 0, schedule, l2_scale
-                    )
-                else:
-                    owner_update.follow_schedule_only(method, schedule)
-                    halted = stop_after_nonfinite
+                weights = owner_update.owner_step(
+                    spec, method, weights, gradient, loss_sum, schedules[step]
+                )
+                halted = owner_update.stops_chain(loss_sum, stage.stop_after_nonfinite)
                 history.append(
-                    {
-                        "loss_sum": loss_sum,
-                        "count": samples,
-                        "forward_backward": update_started - started,
-                        "update": time.perf_counter() - update_started,
-                    }
+                    HistoryEntry(
+                        loss_sum,
+                        samples,
+                        update_started - started,
+                        time.perf_counter() - update_started,
+                    )
                 )
             # One state file per job: a retry of this task starts from the job's first
             # iteration, whose file stays (``retain_from``) until the next job ends.
-            last = first + len(history) - 1  # the driver counts the iterations that ran
-            owner_update.keep_shard(spec, 0, method, last, retain_from)
+            last = stage.first + len(history) - 1  # the driver counts the iterations that ran
+            owner_update.keep_shard(spec, 0, method, last, stage.retain_from)
             buffers = replicas[0].buffers() if replicas[0].buffer_names else None
-        left = time.time()
-        timings = {
-            "fb_entered": entered,
-            "fb_left": left,
-            "update_entered": entered,
-            "update_left": left,
-        }
-        for partition in range(num_partitions):
-            start, stop = bounds[partition]
-            yield (
-                partition,
-                weights[start:stop],
-                history if partition == 0 else None,
-                buffers if partition == 0 else None,
-                timings,
-                None,
-            )
+        ended = carried._replace(weights=weights, halted=halted, history=history, buffers=buffers)
+        clock = (entered, time.time())
+        for partition in range(stage.num_partitions):
+            yield chain_end(partition, stage.slice_of(weights, partition), ended, clock, clock[0])
 
     return task

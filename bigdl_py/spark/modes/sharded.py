@@ -20,20 +20,23 @@ from __future__ import annotations
 
 import os
 import time
+from typing import NamedTuple
 
 import numpy as np
 
 from bigdl_py.spark import collectives, owner_update, worker
 from bigdl_py.spark.modes import TrainingMode
-from bigdl_py.spark.partitioned_data import drain, run_directory, save_npy_atomically
-from bigdl_py.spark.replica import replica_gradient
-from bigdl_py.spark.training_run import (
+from bigdl_py.spark.modes.stages import (
+    Stage,
+    after_update,
     chain_end,
-    gradient_record,
-    history_with,
+    partition_gradient,
     receive_gradients,
-    received_buffers,
+    stage_task,
+    update_received,
 )
+from bigdl_py.spark.partitioned_data import drain, run_directory, save_npy_atomically
+from bigdl_py.spark.records import Carried, ChainResult, GradientRecord
 
 
 class Sharded(TrainingMode):
@@ -63,43 +66,121 @@ class Sharded(TrainingMode):
         return _run_clipped_iteration(run, chain, description)
 
 
+def _put_gradients(chain, step: int):
+    """Stage 1 of iteration ``chain.first + step``: forward-backward on the weights the owners
+    sent (the driver's at the chain's start), slice ``k`` of the gradient to owner ``k``."""
+    stage = Stage.of(chain, reads_driver=step == 0)
+    iteration, shares = chain.first + step, chain.shares[step]
+
+    def body(inp):
+        carried = inp.carried  # the driver's, at the chain's start; else the owners' slices
+        if carried is None:
+            carried = _gather_weights(inp.partition, inp.rows, stage.num_partitions)
+        gradient, report = partition_gradient(stage, inp, carried, shares[inp.partition], iteration)
+        for owner, piece in collectives.pieces_for_owners(
+            inp.partition, gradient, stage.num_partitions, inp.spec.wire_dtype
+        ):
+            yield (
+                owner,
+                GradientRecord.addressed(
+                    owner,
+                    inp.partition,
+                    piece,
+                    report,
+                    carried,
+                    stage.slice_of(carried.weights, owner),
+                ),
+            )
+
+    return stage_task(stage, body)
+
+
+def _gather_weights(partition: int, rows: list, count: int) -> Carried:
+    """BigDL's *getWeights*: the whole vector from the slices every owner sent (each a
+    :class:`Carried` of its slice; owner 0's brings the history and the statistics)."""
+    slices = collectives.payloads_by_rank(partition, rows, count)
+    weights = np.concatenate([np.asarray(owned.weights) for owned in slices])
+    return slices[0]._replace(weights=weights)
+
+
+def _update_owned_slice(chain, step: int):
+    """Stage 2 of iteration ``chain.first + step``: owners sum, clip and step their slices,
+    then send them to every partition (BigDL's *sendWeightPartition*) or, at the chain's
+    end, to the driver."""
+    stage = Stage.of(chain, first_update=step == 0, forward_backward=False)
+    iteration, schedule = chain.first + step, chain.schedules[step]
+    last = step == chain.count - 1
+
+    def body(inp):
+        owner = inp.partition
+        received = receive_gradients(owner, inp.rows, stage.num_partitions)
+        # The state file is written while the new slice goes out to the partitions.
+        start = stage.bounds[owner][0]
+        new_slice = update_received(
+            stage, inp, received, iteration, schedule, start=start, background=True
+        )
+        carried = after_update(received, new_slice, stage, inp.started)
+        if last:
+            state = owner_update.travelling_state(inp.spec, owner, iteration, stage.bounds)
+            yield chain_end(owner, new_slice, carried, received.clock, inp.entered, state)
+            return
+        # (Owner 0's carries partition 0's running statistics on to its next forward.)
+        yield from collectives.payload_for_everyone(owner, carried, stage.num_partitions)
+
+    return stage_task(stage, body)
+
+
+class _ClippedSum(NamedTuple):
+    """An owner's answer to the first job of a clipped iteration."""
+
+    owner: int
+    squares: float  # the squared L2 norm of its clipped summed slice
+    loss_sum: float
+    result: ChainResult  # the chain's result, but for the weights and the state
+
+
+class _SteppedSlice(NamedTuple):
+    """An owner's answer to the second job: its new slice and state."""
+
+    owner: int
+    weights: np.ndarray
+    state: dict | None
+
+
 def _run_clipped_iteration(run, chain, description: str) -> list[dict]:
-    """One iteration under global-norm clipping: the owners sum and clip their slices and
-    return the squares (job 1); the driver scales; the owners step (job 2, no shuffle)."""
-    num_partitions, bounds, iteration = chain.num_partitions, chain.bounds, chain.first
+    """One iteration under global-norm clipping: the owners sum their slices and return the
+    squares of the clipped sums (job 1); the driver adds them up for the scale; the owners
+    step (job 2, no shuffle)."""
+    iteration, bounds = chain.first, chain.bounds
+    summing = Stage.of(chain, forward_backward=False)
     load_spec, get_weights = chain.load_spec, chain.get_weights
     initial_states, schedule = chain.initial_states, chain.schedules[0]
     submitted = time.time()
 
-    def aggregate_and_keep(owner, rows):
-        entered = time.time()
-        started = time.perf_counter()
-        spec = load_spec()
-        received = receive_gradients(owner, drain(rows), num_partitions)
-        summed = owner_update.clip_summed_slice(spec, received.summed)
-        # The second job finds the summed slice in this worker, or on the host's disk.
-        worker.store(spec.run_id, ("summed", owner), summed, version=iteration)
-        directory = run_directory(spec.state_dir, spec.run_id)
-        save_npy_atomically(os.path.join(directory, f"summed-{owner}.npy"), summed)
-        squares = float(spec.l2_clipping.sum_of_squares(summed))
-        yield (
-            owner,
-            squares,
-            history_with(received, started),
-            received.loss_sum,
-            *chain_end(received, entered, started),
-        )
+    def aggregate_and_keep(inp):
+        owner = inp.partition
+        received = receive_gradients(owner, inp.rows, summing.num_partitions)
+        # The second job finds the summed slice in this worker, or on the host's disk; its
+        # owner step clips it. The norm is that of the clipped slice, as the local loop's.
+        worker.store(inp.spec.run_id, ("summed", owner), received.summed, version=iteration)
+        directory = run_directory(inp.spec.state_dir, inp.spec.run_id)
+        save_npy_atomically(os.path.join(directory, f"summed-{owner}.npy"), received.summed)
+        clipped = owner_update.clip_summed_slice(inp.spec, received.summed.copy())
+        squares = float(inp.spec.l2_clipping.sum_of_squares(clipped))
+        carried = after_update(received, received.weights, summing, inp.started)
+        result = chain_end(owner, None, carried, received.clock, inp.entered)
+        yield _ClippedSum(owner, squares, received.loss_sum, result)
 
     gradients = collectives.shuffle_to_owners(
-        chain.data_rdd.mapPartitionsWithIndex(_put_gradients(chain, 0)), num_partitions
+        chain.data_rdd.mapPartitionsWithIndex(_put_gradients(chain, 0)), chain.num_partitions
     )
-    norms = run.collect(
-        gradients.mapPartitionsWithIndex(aggregate_and_keep),
+    sums = run.collect(
+        gradients.mapPartitionsWithIndex(stage_task(summing, aggregate_and_keep)),
         f"{description}: forward-backward + gradient norm",
         f"iteration {iteration + 1}",
     )
-    l2_scale = run.spec.l2_clipping.scale_for(float(sum(record[1] for record in norms)))
-    loss_by_owner = {record[0]: record[3] for record in norms}
+    l2_scale = run.spec.l2_clipping.scale_for(float(sum(answer.squares for answer in sums)))
+    loss_by_owner = {answer.owner: answer.loss_sum for answer in sums}
 
     def update_kept(owner, rows):
         drain(rows)
@@ -115,123 +196,25 @@ def _run_clipped_iteration(run, chain, description: str) -> list[dict]:
             iteration,
             initial_states,
             get_weights()[start:stop],
-            start,
             summed,
             loss_by_owner[owner],
             schedule,
-            l2_scale,
+            start=start,
+            l2_scale=l2_scale,
         )
-        yield owner, (new_slice, owner_update.travelling_state(spec, owner, iteration, bounds))
+        state = owner_update.travelling_state(spec, owner, iteration, bounds)
+        yield _SteppedSlice(owner, new_slice, state)
 
-    slices = dict(
-        run.collect(
-            run.owner_rdd.mapPartitionsWithIndex(update_kept),
-            f"{description}: clipped update",
-            f"iteration {iteration + 1}",
-        )
+    stepped = run.collect(
+        run.owner_rdd.mapPartitionsWithIndex(update_kept),
+        f"{description}: clipped update",
+        f"iteration {iteration + 1}",
     )
+    by_owner = {answer.owner: answer for answer in stepped}
     results = [
-        (owner, slices[owner][0], history, buffers, timings, slices[owner][1])
-        for owner, _, history, _, buffers, timings in norms
+        answer.result._replace(
+            weights=by_owner[answer.owner].weights, state=by_owner[answer.owner].state
+        )
+        for answer in sums
     ]
     return run.finish_chain(results, chain, submitted, time.time())
-
-
-def _put_gradients(chain, step: int):
-    """Stage 1 of iteration ``chain.first + step``: forward-backward, gradient slices to owners."""
-    num_partitions, bounds = chain.num_partitions, chain.bounds
-    load_spec, handles = chain.load_spec, chain.handles
-    iteration, shares = chain.first + step, chain.shares[step]
-    # Only the first stage reads the driver's weights: the closure of every other
-    # stage must not drag them (pickled into each stage's tasks) along.
-    driver_weights = chain.get_weights if step == 0 else None
-    driver_buffers = chain.buffers if step == 0 else None
-    get_frozen = chain.get_frozen
-
-    def forward_backward(partition, rows):
-        entered = time.time()
-        spec = load_spec()
-        rows = drain(rows)
-        if step == 0:  # the cached handles RDD, and the driver's weights
-            (handle,) = rows
-            weights, halted, history = driver_weights(), False, []
-            buffers = driver_buffers
-        else:  # the weight partitions every owner sent
-            handle = handles[partition]
-            received = collectives.payloads_by_rank(partition, rows, num_partitions)
-            weights = np.concatenate([np.asarray(payload[0]) for payload in received])
-            halted, history, buffers = received[0][1], received[0][2], received[0][3]
-        gradient, report = replica_gradient(
-            spec,
-            partition,
-            handle,
-            weights,
-            halted,
-            shares[partition],
-            iteration,
-            True,
-            entered,
-            get_frozen(),
-            start_buffers=buffers if partition == 0 else None,
-        )
-        for owner, piece in collectives.pieces_for_owners(
-            partition, gradient, num_partitions, spec.wire_dtype
-        ):
-            start, stop = bounds[owner]
-            yield (
-                owner,
-                gradient_record(
-                    owner, partition, piece, report, halted, history, weights[start:stop]
-                ),
-            )
-
-    return forward_backward
-
-
-def _update_owned_slice(chain, step: int):
-    """Stage 2 of iteration ``chain.first + step``: owners sum, clip and step their slices."""
-    count, num_partitions, bounds = chain.count, chain.num_partitions, chain.bounds
-    load_spec = chain.load_spec
-    iteration, schedule, last = chain.first + step, chain.schedules[step], step == count - 1
-    # A resume's shard states serve the first update only (later ones find the state
-    # their predecessor kept); they stay out of the other stages' closures.
-    resumed_states = chain.initial_states if step == 0 else None
-    stop_after_nonfinite, retain_from = chain.stop_after_nonfinite, chain.retain_from
-
-    def update(owner, rows):
-        entered = time.time()
-        started = time.perf_counter()
-        spec = load_spec()
-        received = receive_gradients(owner, drain(rows), num_partitions)
-        if not received.halted:
-            owner_update.clip_summed_slice(spec, received.summed)
-        new_slice = owner_update.update_owned(
-            spec,
-            owner,
-            iteration,
-            resumed_states,
-            received.weights,
-            bounds[owner][0],
-            received.summed,
-            received.loss_sum,
-            schedule,
-            retain_from=retain_from,
-            halted=received.halted,
-            background=True,
-        )
-        history, halted = received.history, received.halted
-        if not halted:
-            history = history_with(received, started)
-            halted = stop_after_nonfinite and not np.isfinite(received.loss_sum)
-        if last:
-            state = owner_update.travelling_state(spec, owner, iteration, bounds)
-            yield owner, new_slice, history, *chain_end(received, entered, started), state
-            return
-        # Owner 0 passes partition 0's running statistics on to its next forward.
-        buffers = received_buffers(received) if owner == 0 else None
-        yield from collectives.payload_for_everyone(
-            owner, (new_slice, halted, history, buffers), num_partitions
-        )
-
-    # The state file is written while the new slice goes out to the partitions.
-    return owner_update.finishing_state_writes(update)

@@ -1,14 +1,10 @@
 """A replica trained in a forked child process: one-task's replicas beyond the task's own.
 
 Why processes: the autograd's Python between NumPy calls holds the GIL, so replicas on
-threads of one process overlap poorly. On the bench machine (2 cores shared with other
-work; in one process, LeNet-5 on two 64-sample shares and the update, blocks of 20 steps
-alternated) a step took a median 8.41 ms with the second replica in a child process
-against 12.70 on a thread in the quietest run (first quartiles 7.57 and 11.92), and the
-same within noise when other processes kept both cores busy; CPU per step, the child's
-included, 15.6-15.9 ms against 14.4-19.6 (threads spin on the GIL). The child reads the
-weights and writes its gradient through shared memory, and the pipe carries only the
-share's indices and the loss.
+threads of one process overlap poorly; with the second replica in a child process a
+LeNet-5 step took two thirds of the time it took on a thread (``bench/RESULTS.md``). The
+child reads the weights and writes its gradient through shared memory, and the pipe
+carries only the share's indices and the loss.
 
 The child is forked from the task's worker with the replica already built (its model, its
 memory-mapped data), and serves requests until its pipe closes: when the parent drops the

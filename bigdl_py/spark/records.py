@@ -1,0 +1,152 @@
+"""What travels in a Spark training run, as named types.
+
+* :class:`Chain` — what the driver (``training_run.py``) hands a training mode: the
+  iterations of one job, their batches and schedules, and how a task reaches the run spec,
+  the driver's weights and the data.
+* The records between a chain's stages: :class:`GradientRecord` (a partition's gradient,
+  or its slice, on its way to the partition that adds it up, with the :class:`Report` of
+  the forward-backward that made it) and :class:`Carried` (what one iteration hands the
+  next: weights, whether the chain stopped, its history, the running statistics). A mode
+  may add record kinds of its own (local SGD's round record).
+* :class:`ChainResult` — what partition ``j``'s task in a chain's last stage returns to the
+  driver: slice ``j`` of the weights, with partition 0's history and running statistics,
+  its :class:`StageTimings` and, where it travels, its optimizer state.
+
+Nothing here runs Spark: the types pickle by reference to this module, so a record costs its
+fields in the shuffle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from bigdl_py.spark.collectives import Piece
+
+
+class HistoryEntry(NamedTuple):
+    """One finished iteration of a chain, as the driver reports it."""
+
+    loss_sum: float  # the global batch's summed loss (NaN or inf: the update was skipped)
+    count: int  # its samples
+    forward_backward: float  # seconds of the slowest partition's forward-backward
+    update: float  # seconds of the update
+
+
+class Report(NamedTuple):
+    """What a forward-backward task tells each task that reads its gradient."""
+
+    loss_sum: float
+    samples: int
+    seconds: float  # the forward-backward's compute
+    buffers: dict | None  # partition 0's running statistics after this forward, to owner 0 only
+    clock: tuple[float, float]  # wall clock when the task entered and left Python
+
+
+class Carried(NamedTuple):
+    """What one iteration of a chain hands the next (and the driver hands the first)."""
+
+    weights: np.ndarray  # the whole vector, or the sender's slice of it
+    halted: bool  # an iteration of the chain had a non-finite loss: the rest do nothing
+    history: list[HistoryEntry] | None  # the chain's finished iterations (where they travel)
+    buffers: dict | None  # partition 0's running statistics (BatchNorm's)
+
+
+def start_of_chain(weights: np.ndarray, buffers: dict | None) -> Carried:
+    """What a chain's first iteration starts from: the driver's weights and statistics."""
+    return Carried(weights, False, [], buffers)
+
+
+class GradientRecord(NamedTuple):
+    """One partition's gradient (or its slice) on its way to the partition that adds it up."""
+
+    piece: Piece
+    report: Report
+    halted: bool  # an earlier iteration of the chain had a non-finite loss: do nothing
+    history: list[HistoryEntry] | None  # the chain's finished iterations, from partition 0 to 0
+    weights: np.ndarray | None  # the weights (or their slice) it was computed on, to itself
+
+    @classmethod
+    def addressed(
+        cls,
+        destination: int,
+        partition: int,
+        piece: Piece,
+        report: Report,
+        carried: Carried,
+        weights: np.ndarray,
+    ) -> GradientRecord:
+        """The record ``partition`` sends ``destination``: the loss report to all, the running
+        statistics and the history to 0 only, the weights it was computed on (``weights``:
+        all of them or the destination's slice) to itself only, so the stage that updates
+        them needs no cache and stays a pure function of its input."""
+        return cls(
+            piece,
+            report if destination == 0 else report._replace(buffers=None),
+            carried.halted,
+            carried.history if destination == 0 and partition == 0 else None,
+            weights if destination == partition else None,
+        )
+
+
+class StageTimings(NamedTuple):
+    """Wall clocks of a chain's last iteration, as the task that ends it saw them."""
+
+    fb_entered: float  # the first forward-backward task entered Python
+    fb_left: float  # the last one left it
+    update_entered: float  # the update's task entered Python
+    update_left: float  # it handed its result back
+
+
+class ChainResult(NamedTuple):
+    """What partition ``partition``'s task in a chain's last stage returns to the driver."""
+
+    partition: int
+    weights: np.ndarray  # slice ``partition`` of the weights after the chain
+    history: list[HistoryEntry] | None  # the chain's iterations (partition 0's result only)
+    buffers: dict | None  # partition 0's running statistics (its result only)
+    timings: StageTimings
+    state: dict | None  # its optimizer state as a checkpoint holds it, where it travels
+
+
+@dataclass
+class Chain:
+    """What a mode needs to build the stages of iterations ``first .. first + count - 1``.
+
+    ``shares[i][j]`` are partition ``j``'s sample indices (within the partition) in the
+    chain's ``i``-th iteration, ``schedules[i]`` the driver's schedule for its update. The
+    callables run on the executors: ``load_spec()`` the run spec, ``get_weights()`` the
+    driver's weights at the chain's start, ``get_frozen()`` the frozen parameters' values.
+    ``data_rdd`` (the cached handles, one per partition) is the chain's first input; a task
+    never holds it (:class:`bigdl_py.spark.modes.stages.Stage` is what a task holds).
+    """
+
+    first: int
+    shares: list
+    schedules: list
+    stop_after_nonfinite: bool
+    num_partitions: int
+    bounds: list
+    load_spec: Callable
+    get_weights: Callable
+    get_frozen: Callable
+    initial_states: dict | None
+    handles: dict
+    data_rdd: Any
+    # The run's running statistics (BatchNorm's) are partition 0's replica's. They reach its
+    # next forward through the chain's records and, between jobs, through the driver: a
+    # replica rebuilt after a cache miss (another Python worker, a lost or replaced host)
+    # would otherwise restart from the model's initial statistics.
+    buffers: dict | None = None
+
+    @property
+    def count(self) -> int:
+        return len(self.shares)
+
+    @property
+    def retain_from(self) -> int:
+        """State files from here on stay until the job ends (its stages may be recomputed)."""
+        return self.first - 1
