@@ -46,6 +46,10 @@ FORMAT = "bigdl_py.model"
 # 2: LSTM and GRU default to batch_first=False (PyTorch's); version 1 files load as saved.
 FORMAT_VERSION = 2
 ARCHITECTURE_MEMBER = "architecture.json"
+# JSON nesting an architecture may have (objects and lists inside one another). Real models
+# stay far below it (a Sequential of blocks of layers is ~15); a fixed bound, rather than
+# Python's recursion limit, makes a crafted file fail the same way in every process.
+MAX_ARCHITECTURE_NESTING = 300
 
 _registered: dict[str, type] = {}
 
@@ -509,8 +513,8 @@ def _read_architecture(path: str, members: Mapping[str, bytes]) -> dict:
         raise ValueError(f"{path} is not a bigdl_py model file ({error!r})") from None
     except RecursionError:
         raise ValueError(
-            f"{path}: {ARCHITECTURE_MEMBER} is nested too deeply to read (beyond Python's "
-            "recursion limit); the file is damaged or crafted"
+            f"{path}: {ARCHITECTURE_MEMBER} is nested too deeply (beyond what Python's "
+            "recursion limit lets JSON read); the file is damaged or crafted"
         ) from None
     if not isinstance(architecture, dict):
         raise ValueError(
@@ -537,7 +541,25 @@ def _read_architecture(path: str, members: Mapping[str, bytes]) -> dict:
             f"{path}: {ARCHITECTURE_MEMBER} has no module object under 'model' (got "
             f"{type(architecture.get('model')).__name__}); the file is damaged"
         )
+    depth = _nesting_depth(architecture)
+    if depth > MAX_ARCHITECTURE_NESTING:
+        raise ValueError(
+            f"{path}: {ARCHITECTURE_MEMBER} is nested too deeply ({depth} levels of JSON, at "
+            f"most {MAX_ARCHITECTURE_NESTING}); the file is damaged or crafted"
+        )
     return architecture
+
+
+def _nesting_depth(value: Any) -> int:
+    """How deeply JSON objects and lists nest in ``value`` (walked without recursion)."""
+    deepest, pending = 0, [(value, 1)]
+    while pending:
+        item, depth = pending.pop()
+        children = item.values() if isinstance(item, dict) else item
+        if isinstance(item, (dict, list)):
+            deepest = max(deepest, depth)
+            pending.extend((child, depth + 1) for child in children)
+    return deepest
 
 
 def _refuse_safetensors(path: str) -> None:

@@ -260,17 +260,36 @@ def test_an_architecture_that_is_not_an_object_is_named(tmp_path, text, message)
     assert path in str(raised.value)
 
 
+def _nested_sequentials(levels: int) -> str:
+    """A model file's architecture text: ``levels`` Sequentials, each inside the next."""
+    module = '{"class": "ReLU", "id": 0, "args": [], "kwargs": {}}'
+    for level in range(1, levels + 1):
+        module = f'{{"class": "Sequential", "id": {level}, "args": [{{"__module__": {module}}}]}}'
+    return f'{{"format": "bigdl_py.model", "version": 1, "model": {module}}}'
+
+
 def test_a_deeply_nested_architecture_is_named_not_a_recursion_error(tmp_path):
     # 400 Sequentials, each inside the next: beyond what Python's recursion limit lets the
     # JSON reader (and the rebuilding) descend.
-    module = '{"class": "ReLU", "id": 0, "args": [], "kwargs": {}}'
-    for level in range(1, 401):
-        module = f'{{"class": "Sequential", "id": {level}, "args": [{{"__module__": {module}}}]}}'
     path = str(tmp_path / "deep.bigdl")
-    _write_architecture(path, f'{{"format": "bigdl_py.model", "version": 1, "model": {module}}}')
+    _write_architecture(path, _nested_sequentials(400))
     with pytest.raises(ValueError, match="architecture.json is nested too deeply") as raised:
         nn.load(path)
     assert path in str(raised.value)
+
+
+def test_the_nesting_bound_does_not_depend_on_the_recursion_limit(tmp_path):
+    # 150 Sequentials (452 levels of JSON) read fine under a raised recursion limit (another
+    # library may have raised it); the file is refused all the same, by the fixed bound.
+    path = str(tmp_path / "deep.bigdl")
+    _write_architecture(path, _nested_sequentials(150))
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(20_000)
+    try:
+        with pytest.raises(ValueError, match=r"nested too deeply \(\d+ levels of JSON, at most"):
+            nn.load(path)
+    finally:
+        sys.setrecursionlimit(limit)
 
 
 def test_running_out_of_stack_while_rebuilding_is_named_too(saved, monkeypatch):
