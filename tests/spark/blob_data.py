@@ -78,8 +78,12 @@ def shuffle_files(sc) -> set[str]:
     return set(glob.glob(pattern))
 
 
-def wait_until_deleted(paths: set[str], timeout: float = 20.0) -> set[str]:
-    """Poll until none of ``paths`` exists (Spark deletes in the background); the rest."""
+def wait_until_deleted(paths: set[str], timeout: float = 120.0) -> set[str]:
+    """Poll until none of ``paths`` exists (Spark deletes in the background); the rest.
+
+    The wait ends as soon as the files are gone (well under a second on an idle machine); the
+    long bound is for a loaded one, where 20 s once left a checksum file behind.
+    """
     deadline = time.monotonic() + timeout
     left = {path for path in paths if os.path.exists(path)}
     while left and time.monotonic() < deadline:
