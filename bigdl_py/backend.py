@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -179,12 +180,19 @@ def memory_bytes(where: Device) -> int | None:
 
 
 def to_device(array: Any, target: Device | str) -> Any:
-    """Move an array to ``target``; returns the same array when it is already there."""
+    """Move an array to ``target``; returns the same array when it is already there.
+
+    Inside a step being captured in a CUDA graph (:func:`active_capture`) host data cannot
+    go to the device: a captured copy would read the same host memory again at every
+    replay. That raises :class:`NotCapturable` (the step then runs eagerly).
+    """
     target = device(target)
     if target.type == "cpu":
         if is_device_array(array):
             return array.get()
         return np.asarray(array)
+    if not is_device_array(array):
+        refuse_in_capture("copying host data to the device")
     if target.type == STRICT_TYPE:
         if is_cupy_array(array):
             raise ValueError("cannot move a CUDA array to the strict test device")
@@ -253,6 +261,10 @@ class HostCopy:
     def __init__(self, array: Any):
         self._event = None
         self._step = None
+        if is_device_array(array):
+            # Captured, the copy would be replayed into this buffer and its event be one the
+            # host cannot wait on: copies of a captured step's results are taken after it.
+            refuse_in_capture("a copy to the host (HostCopy)")
         if is_cupy_array(array):
             import cupyx  # noqa: PLC0415 - reached only with CuPy arrays, after cupy imported
 
@@ -295,6 +307,147 @@ def resolve_dtype(dtype: Any = None) -> np.dtype:
 
 def is_floating(dtype: Any) -> bool:
     return np.issubdtype(np.dtype(dtype), np.floating)
+
+
+# --- CUDA graphs: the CuPy calls of bigdl_py.step_graph ---------------------------------------
+# A step captured in a CUDA graph is queued on a stream of its own and replayed from there;
+# the capture allocates from a memory pool that the graph keeps. ``step_graph`` holds the
+# rules; the CuPy calls are here. The capture in progress (one per thread) is kept here too,
+# so that the lowest layers (``to_device``, ``HostCopy``, the strict device) can refuse what
+# a graph cannot replay.
+
+_capture_state = threading.local()
+
+
+class NotCapturable(RuntimeError):
+    """Something a training step does cannot be replayed from a CUDA graph; the step runs
+    eagerly instead (``bigdl_py.step_graph``)."""
+
+
+def active_capture() -> Any:
+    """The capture in progress in this thread (a ``step_graph`` capture), or None."""
+    return getattr(_capture_state, "capture", None)
+
+
+@contextlib.contextmanager
+def capture_scope(capture: Any):
+    """Make ``capture`` this thread's capture in progress inside the block."""
+    previous = active_capture()
+    _capture_state.capture = capture
+    try:
+        yield
+    finally:
+        _capture_state.capture = previous
+
+
+def refuse_in_capture(what: str) -> None:
+    """Raise :class:`NotCapturable` naming ``what`` while a step is being captured."""
+    if active_capture() is not None:
+        raise NotCapturable(f"{what} cannot be replayed from a CUDA graph")
+
+
+def new_stream(where: Device) -> Any:
+    """A CUDA stream of ``where`` that does not wait for the legacy default stream (CuPy's
+    ``Stream(non_blocking=True)``): graphs are captured and replayed on one."""
+    with where.activate():
+        return cupy_module().cuda.Stream(non_blocking=True)
+
+
+class StreamJoin:
+    """Queue work on ``stream`` in order with the current stream's (:meth:`scope`).
+
+    Entering, ``stream`` waits for what the current stream has queued (the batch's copy,
+    a user's writes to the weights); leaving, the current stream waits for what ``stream``
+    queued, so anything the caller queues after (a copy of the loss, validation) runs
+    after the step. Waits between streams are queued on the device; the host never waits.
+    """
+
+    def __init__(self, stream: Any):
+        cupy = cupy_module()
+        self.stream = stream
+        self._entered = cupy.cuda.Event(block=False, disable_timing=True)
+        self._left = cupy.cuda.Event(block=False, disable_timing=True)
+
+    @contextlib.contextmanager
+    def scope(self):
+        caller = cupy_module().cuda.get_current_stream()
+        self.stream.wait_event(caller.record(self._entered))
+        try:
+            with self.stream:
+                yield
+        finally:
+            caller.wait_event(self.stream.record(self._left))
+
+
+def begin_capture(stream: Any) -> None:
+    """Start capturing what is queued on ``stream`` (relaxed mode: the memory pool may still
+    ask the driver for memory during the capture)."""
+    stream.begin_capture()
+
+
+def end_capture(stream: Any) -> Any:
+    """End the capture on ``stream``; the instantiated graph (``Graph.launch(stream)``)."""
+    return stream.end_capture()
+
+
+def abandon_capture(stream: Any) -> None:
+    """End a capture that failed, dropping what it recorded (nothing ran)."""
+    if stream.is_capturing():
+        with contextlib.suppress(Exception):  # an invalidated capture raises on ending
+            stream.end_capture()
+
+
+def new_memory_pool() -> Any:
+    """A CuPy memory pool of its own, for one graph's allocations."""
+    return cupy_module().cuda.MemoryPool()
+
+
+@contextlib.contextmanager
+def allocating_from(pool: Any):
+    """CuPy allocates from ``pool`` in this thread inside the block."""
+    with cupy_module().cuda.using_allocator(pool.malloc):
+        yield
+
+
+class PinnedUpload:
+    """Copies host arrays into device arrays, queued on the current stream without waiting.
+
+    On a GPU each copy goes through a pinned host buffer (an asynchronous DMA): a buffer is
+    taken again only once its last copy has run (its event; queried, never waited for),
+    otherwise another is made. On the strict device the memory is written at once.
+    """
+
+    def __init__(self):
+        self._buffers: list[_PinnedBuffer] = []
+
+    def copy(self, host: np.ndarray, out: Any) -> None:
+        """``out[...] = host`` (same shape; ``host`` is cast to ``out``'s dtype)."""
+        host = np.asarray(host)
+        if tuple(host.shape) != tuple(out.shape):
+            raise ValueError(f"cannot copy a {host.shape} array into a {tuple(out.shape)} one")
+        if not is_cupy_array(out):
+            _strict_device().device_memory(out)[...] = host
+            return
+        cupy = cupy_module()
+        free = (b for b in self._buffers if b.nbytes >= out.nbytes and b.last_copy.done)
+        buffer = next(free, None)
+        if buffer is None:
+            buffer = _PinnedBuffer(cupy, out.nbytes)
+            self._buffers.append(buffer)
+        staged = np.frombuffer(buffer.memory, dtype=out.dtype, count=out.size)
+        np.copyto(staged.reshape(out.shape), host, casting="unsafe")
+        stream = cupy.cuda.get_current_stream()
+        out.set(staged.reshape(out.shape), stream=stream)
+        stream.record(buffer.last_copy)
+
+
+class _PinnedBuffer:
+    """Page-locked host memory and the event of the last copy out of it."""
+
+    def __init__(self, cupy: Any, nbytes: int):
+        self.nbytes = max(int(nbytes), 1)
+        self.memory = cupy.cuda.alloc_pinned_memory(self.nbytes)
+        self.last_copy = cupy.cuda.Event(block=False, disable_timing=True)  # done: never used
 
 
 # --- TF32 on NVIDIA GPUs --------------------------------------------------------------------

@@ -15,7 +15,9 @@ Two things use the marks:
   answer (a 0-d boolean array) with a message and the step it came from, and
   :func:`raise_deferred_checks` reads the answers at the next sync point and raises the
   first failed one, naming its step. Outside a step (a user calling a loss directly) the
-  check reads at once, as before.
+  check reads at once, as before. Inside a step captured in a CUDA graph the check is
+  handed to the capture (``bigdl_py.step_graph``), which keeps on the device the number of
+  the first replayed step that failed, and copies of the check's evidence from that step.
 * The ``strict`` test device (``bigdl_py.strict_device``) raises :class:`DeviceSyncError`
   on any read of its arrays inside a step, so a test catches a wait the moment it is
   written. CuPy's arrays are not policed (the check would cost every read).
@@ -95,6 +97,12 @@ def check_read(what: str) -> None:
         )
 
 
+def current_step() -> tuple[int, Any]:
+    """The number of the step being queued and its name as :func:`begin_step` got it (not
+    formatted: ``str()`` it only to print it)."""
+    return _marks.step_number, _marks.step_name
+
+
 def begin_step(name: Any) -> None:
     """The host starts queuing a new step, named ``str(name)`` (``"iteration 12 (epoch 2,
     batch 3 of 10)"``) in the errors of the checks it defers (formatted only then)."""
@@ -116,24 +124,55 @@ def step_number() -> int:
 class _DeferredCheck:
     """A device answer to read later: ``failed`` (0-d bool array) and how to explain it."""
 
-    __slots__ = ("failed", "error", "step_name")
+    __slots__ = ("failed", "error", "evidence", "step_name")
 
-    def __init__(self, failed: Any, error: Callable[[], Exception], step_name: str):
-        self.failed, self.error, self.step_name = failed, error, step_name
+    def __init__(self, failed: Any, error: Callable[..., Exception], evidence: tuple, name: Any):
+        self.failed, self.error, self.evidence, self.step_name = failed, error, evidence, name
+
+    def error_if_failed(self) -> Exception | None:
+        """Read the answer (a device wait): the error, its message naming the step, or None."""
+        if not bool(self.failed):
+            return None
+        return name_step(self.error(*self.evidence), self.step_name)
 
 
-def check(failed: Any, error: Callable[[], Exception]) -> None:
-    """Raise ``error()`` when ``failed`` (a boolean, or a 0-d boolean array) is true.
+def name_step(error: Exception, name: Any) -> Exception:
+    """``error`` with ``[in <step name>]`` appended to its message (``name`` "": as is)."""
+    name = str(name)
+    if name:
+        error.args = (f"{error.args[0] if error.args else ''} [in {name}]", *error.args[1:])
+    return error
+
+
+def check(failed: Any, error: Callable[..., Exception], *evidence: Any) -> None:
+    """Raise ``error(*evidence)`` when ``failed`` (a boolean, or a 0-d boolean array) is true.
 
     A host value, or any value outside a step, is read at once. A device value inside a
     step is kept, and read at the next :func:`raise_deferred_checks` (a sync point).
     ``error`` builds the exception; it may read device data (it runs where reading is
-    allowed) and is called only when the check failed.
+    allowed) and is called only when the check failed. ``evidence`` are the device arrays
+    its message reads: pass them (rather than reading them from a closure) so that a step
+    replayed from a CUDA graph, whose arrays the next replay overwrites, reports the values
+    of the step that failed.
     """
-    if waits_forbidden() and backend.is_device_array(failed):
-        _marks.pending.append(_DeferredCheck(failed, error, _marks.step_name))
-    elif failed:
-        raise error()
+    if backend.is_device_array(failed):
+        capture = backend.active_capture()
+        if capture is not None:
+            capture.defer_check(failed, error, evidence)
+            return
+        if waits_forbidden():
+            _marks.pending.append(_DeferredCheck(failed, error, evidence, _marks.step_name))
+            return
+    if failed:
+        raise error(*evidence)
+
+
+def defer_once(entry: Any) -> None:
+    """Have the next :func:`raise_deferred_checks` call ``entry.error_if_failed()`` (an
+    exception or None), unless ``entry`` is already waiting for it."""
+    pending = _marks.pending
+    if not any(waiting is entry for waiting in pending):
+        pending.append(entry)
 
 
 def raise_deferred_checks() -> None:
@@ -143,13 +182,10 @@ def raise_deferred_checks() -> None:
     if not pending:
         return
     with device_sync_point("deferred checks"):
-        for check in pending:
-            if bool(check.failed):
-                error = check.error()
-                name = str(check.step_name)
-                if name:
-                    error.args = (f"{error.args[0] if error.args else ''} [in {name}]",)
-                raise error
+        errors = [check.error_if_failed() for check in pending]  # each entry reads once
+    first = next((error for error in errors if error is not None), None)
+    if first is not None:
+        raise first
 
 
 def discard_deferred_checks() -> None:

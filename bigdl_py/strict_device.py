@@ -17,17 +17,28 @@ where it matters to the code that runs on a GPU:
 So a test that trains on ``device="strict"`` fails on any device wait a step would make on
 a GPU, today's or one written later. Outside a step every read works (``.get()`` copies),
 so tests compare results freely. Nothing here is fast; it is a checker, not a device.
+
+CUDA graphs are emulated (``bigdl_py.step_graph``): while a step is captured
+(``backend.active_capture()``), every operation on these arrays runs and is also
+*recorded* with the memory it read and wrote; a replay runs the recorded operations again
+on that same memory, with the scalars they were given, exactly as a CUDA graph replays its
+kernels. So a step that keeps a host value in a kernel argument, or rebinds state to a new
+array instead of writing it in place, trains differently when replayed, and a test that
+compares replayed training with eager training catches it. What a graph cannot replay is
+refused during the capture (``backend.NotCapturable``): host data copied to the device
+(``asarray`` of host values, assigning a NumPy array), draws of ``xp.random``.
 """
 
 from __future__ import annotations
 
 import numbers
 import types
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from bigdl_py import device_waits
+from bigdl_py import backend, device_waits
 
 # Functions whose output's size (or Python result) depends on the values: CuPy must read
 # them back to size the output, so each is a device wait.
@@ -96,21 +107,25 @@ class StrictArray:
 
     def __getitem__(self, key: Any) -> StrictArray:
         key = _unwrap_index(key, "indexing with a boolean mask")
-        return _wrap(self._host[key])
+        host = self._host
+        return _recorded(lambda: host[key])
 
     def __setitem__(self, key: Any, value: Any) -> None:
         key = _unwrap_index(key, "assigning through a boolean mask")
-        self._host[key] = _unwrap(value, allow_host=True)
+        if isinstance(value, (np.ndarray, list)):
+            backend.refuse_in_capture("assigning host data to a device array")
+        host, host_value = self._host, _unwrap(value, allow_host=True)
+        _recorded(lambda: host.__setitem__(key, host_value))
 
     def __array_ufunc__(self, ufunc, method: str, *inputs: Any, **kwargs: Any) -> Any:
         host_inputs = tuple(_unwrap(value, allow_host=False) for value in inputs)
         out = kwargs.get("out")
         if out is not None:
             kwargs["out"] = tuple(_unwrap(value, allow_host=False) for value in out)
-        result = getattr(ufunc, method)(*host_inputs, **kwargs)
+        result = _recorded(lambda: getattr(ufunc, method)(*host_inputs, **kwargs))
         if out is not None:
             return out[0] if len(out) == 1 else out
-        return _wrap(result)
+        return result
 
     def __array_function__(self, func, types_, args, kwargs) -> Any:
         return _call(func, func.__name__, args, kwargs)
@@ -175,10 +190,11 @@ class StrictArray:
 
     # --- copies ------------------------------------------------------------------------------
     def __copy__(self) -> StrictArray:
-        return StrictArray(self._host.copy())
+        host = self._host
+        return _recorded(host.copy)
 
     def __deepcopy__(self, memo: dict) -> StrictArray:
-        return StrictArray(self._host.copy())
+        return self.__copy__()
 
     def __reduce__(self):
         raise TypeError("strict-device arrays are not pickled; copy them to the host first")
@@ -229,6 +245,39 @@ StrictArray.__neg__ = lambda self: np.negative(self)
 StrictArray.__pos__ = lambda self: np.positive(self)
 StrictArray.__abs__ = lambda self: np.absolute(self)
 StrictArray.__invert__ = lambda self: np.invert(self)
+
+
+def _recorded(operation: Callable[[], Any], wrap: Callable[[Any], Any] | None = None) -> Any:
+    """Run ``operation`` on host memory and wrap its result (``_wrap``, or ``wrap``); during
+    a capture, record it with the arrays it returned, for replays to write again."""
+    result = (wrap or _wrap)(operation())
+    capture = backend.active_capture()
+    if capture is not None:
+        capture.record(operation, result)
+    return result
+
+
+def replay(operation: Callable[[], Any], result: Any) -> None:
+    """Run a recorded ``operation`` again, writing what it returns into the memory of the
+    ``result`` it returned when recorded (a replayed kernel writes the same buffers)."""
+    _write_into(result, operation())
+
+
+def _write_into(target: Any, value: Any) -> None:
+    if type(target) is StrictArray:
+        if value is not target._host:
+            np.copyto(target._host, value)
+    elif isinstance(target, (tuple, list)):
+        for part, part_value in zip(target, value, strict=True):
+            _write_into(part, part_value)
+
+
+def run_on_device(function: Callable[..., Any], *arguments: Any) -> None:
+    """Run ``function`` (a kernel's NumPy reference: it writes its arrays in place) on the
+    memory behind strict arrays, as the device runs a kernel on its own memory; recorded
+    during a capture like any operation."""
+    host_arguments = tuple(device_memory(value) for value in arguments)
+    _recorded(lambda: function(*host_arguments))
 
 
 def _wrap(value: Any) -> Any:
@@ -282,9 +331,30 @@ def _call(function, name: str, args: tuple, kwargs: dict) -> Any:
     if name == "take" and "mode" not in host_kwargs:
         host_kwargs["mode"] = "wrap"  # CuPy wraps indices out of range instead of raising
     if name in _CREATION_FUNCTIONS:
+        if args and _holds_host_data(args[0]):
+            backend.refuse_in_capture(f"{name}() of host data (a copy to the device)")
         # A copy, as a transfer to a device makes one: the host array may change later.
-        return StrictArray(np.array(function(*host_args, **host_kwargs)))
-    return _wrap(function(*host_args, **host_kwargs))
+        return _recorded(lambda: function(*host_args, **host_kwargs), _copied)
+    if name in _UNINITIALISED:
+        return _wrap(function(*host_args, **host_kwargs))  # a graph replays no allocation
+    return _recorded(lambda: function(*host_args, **host_kwargs))
+
+
+# Allocations without contents: a replay has nothing to write into them.
+_UNINITIALISED = frozenset({"empty", "empty_like"})
+
+
+def _copied(value: Any) -> StrictArray:
+    return StrictArray(np.array(value))
+
+
+def _holds_host_data(value: Any) -> bool:
+    """Whether ``value`` (the data of a creation function) has any part on the host."""
+    if type(value) is StrictArray:
+        return False
+    if isinstance(value, (tuple, list)):
+        return any(_holds_host_data(item) for item in value)
+    return True
 
 
 def _on_device(function, name: str):
@@ -307,10 +377,17 @@ class _Random:
         self._generator = np.random.default_rng(seed)
 
     def random(self, size=None, dtype=np.float64) -> StrictArray:
+        _refuse_random_in_capture()
         return StrictArray(np.asarray(self._generator.random(size, dtype=dtype)))
 
     def standard_normal(self, size=None, dtype=np.float64) -> StrictArray:
+        _refuse_random_in_capture()
         return StrictArray(np.asarray(self._generator.standard_normal(size, dtype=dtype)))
+
+
+def _refuse_random_in_capture() -> None:
+    # CuPy's generator keeps its position on the host: a replayed draw repeats itself.
+    backend.refuse_in_capture("a draw of xp.random (cuRAND)")
 
 
 class _UFunc:
@@ -323,7 +400,12 @@ class _UFunc:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         _unwrap(args, allow_host=False)  # refuses host arrays, as CuPy's ufuncs do
-        return _wrap(self._ufunc(*args, **kwargs))
+        out = kwargs.get("out")
+        operands = (*args, *kwargs.values(), *(out if isinstance(out, tuple) else ()))
+        if any(type(value) is StrictArray for value in operands):
+            # Dispatched to StrictArray.__array_ufunc__, which records it.
+            return _wrap(self._ufunc(*args, **kwargs))
+        return _recorded(lambda: self._ufunc(*args, **kwargs))  # scalars: a 0-d result
 
     def __getattr__(self, name: str) -> Any:
         value = getattr(self._ufunc, name)

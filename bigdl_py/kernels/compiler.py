@@ -88,9 +88,9 @@ def run(
     if on_cuda:
         kernel.launch(blocks, dtype, *arguments, threads=threads)
         return
-    from bigdl_py.strict_device import device_memory
+    from bigdl_py.strict_device import run_on_device
 
-    reference(*(device_memory(value) for value in arguments))
+    run_on_device(reference, *arguments)
 
 
 def row_threads(width: int) -> int:

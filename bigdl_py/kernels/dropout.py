@@ -92,9 +92,18 @@ _streams = threading.local()
 
 
 def forget_streams() -> None:
-    """Drop this thread's device streams: the next draw on a device starts a new one from
-    the host generator (``ops.manual_seed`` calls this)."""
-    _streams.by_device = {}
+    """Start this thread's device streams again from the host generator (``ops.manual_seed``
+    calls this): each takes a new seed from it now, its offset back to 0, written into the
+    stream's own device memory, so a step captured in a CUDA graph draws from the new one."""
+    for device, state in getattr(_streams, "by_device", {}).items():
+        state[...] = backend.to_device(_new_state(), device)
+
+
+def _new_state() -> np.ndarray:
+    """``[seed, 0]``, the seed drawn from the host generator dropout uses."""
+    from bigdl_py.autograd.ops.misc import default_generator
+
+    return np.array([default_generator().integers(0, 2**63, dtype=np.uint64), 0], np.uint64)
 
 
 def _stream(like: Any) -> Any:
@@ -105,10 +114,7 @@ def _stream(like: Any) -> Any:
     device = backend.device_of(like)
     state = streams.get(device)
     if state is None:
-        from bigdl_py.autograd.ops.misc import default_generator
-
-        seed = default_generator().integers(0, 2**63, dtype=np.uint64)
-        state = streams[device] = backend.to_device(np.array([seed, 0], np.uint64), device)
+        state = streams[device] = backend.to_device(_new_state(), device)
     return state
 
 

@@ -6,8 +6,9 @@ gradients (``swapaxes`` views, keys broadcast over heads) each copied both opera
 takes any operand whose matrices are row- or column-major with one distance between
 consecutive matrices (0 for a broadcast one): :func:`gemm_arguments` works out the flags,
 leading dimensions and strides from the arrays' strides, and :func:`matmul` makes the call
-(``cublas<t>gemmStridedBatched`` through CuPy's binding, on CuPy's handle and the current
-stream). Any other layout goes to CuPy's ``matmul``.
+on the package's own cuBLAS handle (``autograd.ops.cublas``, which a CUDA graph can
+capture), or through CuPy's binding on CuPy's handle where that route is off. Any other
+layout goes to CuPy's ``matmul``.
 
 cuBLAS is column-major: the row-major product ``C = A @ B`` is computed as the column-major
 ``C^T = B^T @ A^T``; a row-major matrix is its column-major transpose at no cost.
@@ -130,16 +131,36 @@ def matmul(a: Any, b: Any, out: Any = None) -> Any:
         out[...] = 0
         return out
     if route(a, b) == CUDA:
-        _cublas(arguments, a_stack, b_stack, out)
+        if not _on_our_handle(a_stack, b_stack, out):
+            _cublas(arguments, a_stack, b_stack, out)
     else:
-        from bigdl_py.strict_device import device_memory
+        from bigdl_py.strict_device import run_on_device
 
-        np.matmul(device_memory(a_stack), device_memory(b_stack), out=device_memory(out))
+        run_on_device(_matmul_into, a_stack, b_stack, out)
     return out
 
 
+def _matmul_into(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+    np.matmul(a, b, out=out)
+
+
+def _on_our_handle(a: Any, b: Any, out: Any) -> bool:
+    """The product on the package's own cuBLAS handle (``autograd.ops.cublas``), which a
+    CUDA graph can capture; False where that route is off or declines the layout."""
+    from bigdl_py.autograd.ops import cublas  # noqa: PLC0415 - autograd imports this module
+
+    if not cublas.available():
+        return False
+    call = cublas.product_call(a.shape, a.strides, b.shape, b.strides, a.dtype.itemsize)
+    if call is None:
+        return False
+    cublas.run(call, a, b, out)
+    return True
+
+
 def _cublas(arguments: GemmArguments, a: Any, b: Any, out: Any) -> None:
-    """One ``gemmStridedBatched`` call on CuPy's handle, in the current stream."""
+    """One ``gemmStridedBatched`` call on CuPy's handle, in the current stream (rebinding
+    it to the stream on every call: a CUDA graph cannot capture it)."""
     cupy = backend.cupy_module()
     cublas = cupy.cuda.cublas
     handle = cupy.cuda.device.get_cublas_handle()

@@ -6,6 +6,8 @@ larger one is asked for and reused by every later op. Reuse is safe on a GPU bec
 stream runs its kernels in order: the next op's kernels write a buffer only after the
 previous op's have read it. Per thread (Spark's one-task mode trains a replica a thread).
 The caller must not keep a buffer past its op (never return one or save it for backward).
+A step captured in a CUDA graph keeps the buffers it used (``step_graph.keep_alive``): a
+later, larger request replaces a buffer here, but the graph's kernels still use the old one.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from bigdl_py import backend
+from bigdl_py import backend, step_graph
 
 _buffers = threading.local()
 
@@ -32,6 +34,7 @@ def scratch(name: str, shape: tuple, dtype: Any, like: Any) -> Any:
     buffer = kept.get(key)
     if buffer is None or buffer.size < size:
         buffer = kept[key] = backend.array_module(like).empty(max(size, 1), dtype=dtype)
+    step_graph.keep_alive(buffer)
     return buffer[:size].reshape(shape)
 
 

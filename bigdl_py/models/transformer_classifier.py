@@ -96,10 +96,12 @@ class TransformerClassifier(nn.Module):
         low, high = ids.min(), ids.max()
         device_waits.check(
             (low < 0) | (high >= self.vocab_size),
-            lambda: ValueError(
+            lambda low, high: ValueError(
                 f"TransformerClassifier: token ids must lie in [0, {self.vocab_size}), got "
                 f"values in [{int(low)}, {int(high)}]"
             ),
+            low,
+            high,
         )
         return ids
 

@@ -254,7 +254,12 @@ class _ClassLoss(_Loss):
 
     def _check_class_range(self, labels, classes: int) -> None:
         outside = ((labels < 0) | (labels >= classes)) & (labels != self.ignore_index)
-        device_waits.check(outside.any(), lambda: self._class_range_error(labels, outside, classes))
+        device_waits.check(
+            outside.any(),
+            lambda labels, outside: self._class_range_error(labels, outside, classes),
+            labels,
+            outside,
+        )
 
     def _class_range_error(self, labels, outside, classes: int) -> IndexError:
         """The error for the first label outside the classes (reads device labels)."""
@@ -463,7 +468,10 @@ class BCELoss(_BinaryLoss):
         # On a device only the extremes are kept until a sync point reads the answer.
         low, high = probabilities.data.min(), probabilities.data.max()
         device_waits.check(
-            (low < 0) | (high > 1), lambda: _not_probabilities(float(low), float(high))
+            (low < 0) | (high > 1),
+            lambda low, high: _not_probabilities(float(low), float(high)),
+            low,
+            high,
         )
         target = self._float_target(target, probabilities)
         return functions.BinaryCrossEntropy.apply(

@@ -114,7 +114,9 @@ class L2NormClipping:
         squares = gradient if gradient.dtype.itemsize >= 4 else gradient.astype(np.float32)
         norm = xp.sqrt(xp.sum(xp.square(squares), dtype=np.float64))
         if self.error_if_nonfinite:
-            device_waits.check(~xp.isfinite(norm), lambda: self._nonfinite_norm(float(norm)))
+            device_waits.check(
+                ~xp.isfinite(norm), lambda value: self._nonfinite_norm(float(value)), norm
+            )
         # min(1, ...) propagates a NaN norm, as scale_for does.
         scale = xp.minimum(1.0, self.max_norm / (norm + 1e-6))
         gradient *= scale.astype(gradient.dtype)

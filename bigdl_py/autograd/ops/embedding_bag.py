@@ -393,11 +393,12 @@ def _device_bags(offsets_data, total: int, include_last_offset: bool, device, na
         bad = bad | (ends[-1] != total)
     device_waits.check(
         bad,
-        lambda: ValueError(
+        lambda offsets: ValueError(
             f"{name}: offsets must start at 0, never decrease and stay within the {total} "
             f"indices (with include_last_offset end at {total}), got "
-            f"{backend.as_numpy(offsets_array).tolist()}"
+            f"{backend.as_numpy(offsets).tolist()}"
         ),
+        offsets_array,
     )
     positions = xp.arange(total, dtype=np.int64)
     bag_of = xp.searchsorted(starts, positions, side="right") - 1

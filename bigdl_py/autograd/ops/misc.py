@@ -51,6 +51,8 @@ def _uniform(shape, like, rng):
     """
     draw_dtype = np.float32
     if rng is None and backend.is_device_array(like):
+        # cuRAND keeps its position on the host: a replayed draw would repeat itself.
+        backend.refuse_in_capture("a draw of CuPy's random generator (cuRAND)")
         return backend.array_module(like).random.random(shape, dtype=draw_dtype)
     generator = default_generator() if rng is None else rng
     if not isinstance(generator, np.random.Generator):
@@ -171,16 +173,16 @@ def check_indices(indices, count: int, name: str) -> None:
     """
     low, high = indices.min(), indices.max()
 
-    def error() -> IndexError:
+    def error(low, high) -> IndexError:
         return IndexError(
             f"{name}: indices must be in [0, {count - 1}] for a vocabulary of {count} rows, "
             f"got min {int(low)} and max {int(high)}"
         )
 
     if backend.is_device_array(indices):
-        device_waits.check((low < 0) | (high >= count), error)
+        device_waits.check((low < 0) | (high >= count), error, low, high)
     elif low < 0 or high >= count:
-        raise error()
+        raise error(low, high)
 
 
 def row_sums(index, rows, count: int):
