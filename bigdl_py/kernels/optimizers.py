@@ -5,8 +5,9 @@ kernel's parameters in the kernel's order (``n`` first, ``steps`` and ``applied`
 it updates its arrays in place. The functions without the suffix are what the
 OptimMethods call on a device: they take the state by name and run the kernel or the
 reference (``compiler.run``). The scalars arrive as the kernel gets them: ``real`` ones
-rounded to the dtype, ``double`` ones (a learning rate divided by a bias correction,
-beta1 raised to the step) as Python floats.
+rounded to the dtype, ``double`` ones (beta1, whose power the bias correction takes) as
+Python floats. The learning rate is a 0-d float64 device array the OptimMethod fills
+before each step (``step_graph.fill_each_step``), so a replayed graph follows a schedule.
 """
 
 from __future__ import annotations
@@ -18,42 +19,43 @@ import numpy as np
 from bigdl_py.kernels.compiler import Kernel, elementwise_blocks, run
 
 _COUNTERS = ("const long long*", "const bool*")  # steps, applied
+_RATE = "const double*"  # the learning rate, on the device
 
 SGD = Kernel(
     "optimizers",
     "sgd_update",
-    ("index", "real*", "const real*", "real*", "real", "real", "real", "real", "int") + _COUNTERS,
+    ("index", "real*", "const real*", "real*", _RATE, "real", "real", "real", "int") + _COUNTERS,
 )
 ADAM = Kernel(
     "optimizers",
     "adam_update",
-    ("index", "real*", "const real*", "real*", "real*", "real*", "double", "double", "double")
-    + ("real", "real", "real", "real", "int", "real", "int")
+    ("index", "real*", "const real*", "real*", "real*", "real*", _RATE, "double", "double")
+    + ("real", "real", "real", "double", "int", "int")
     + _COUNTERS,
 )
 ADAMAX = Kernel(
     "optimizers",
     "adamax_update",
-    ("index", "real*", "const real*", "real*", "real*", "double", "double", "real", "real")
+    ("index", "real*", "const real*", "real*", "real*", _RATE, "double", "real", "real")
     + ("real", "real")
     + _COUNTERS,
 )
 ADAGRAD = Kernel(
     "optimizers",
     "adagrad_update",
-    ("index", "real*", "const real*", "real*", "double", "double", "real", "real") + _COUNTERS,
+    ("index", "real*", "const real*", "real*", _RATE, "double", "real", "real") + _COUNTERS,
 )
 RMSPROP = Kernel(
     "optimizers",
     "rmsprop_update",
-    ("index", "real*", "const real*", "real*", "real*", "real*", "real", "real", "real", "real")
+    ("index", "real*", "const real*", "real*", "real*", "real*", _RATE, "real", "real", "real")
     + ("real", "real", "int")
     + _COUNTERS,
 )
 ADADELTA = Kernel(
     "optimizers",
     "adadelta_update",
-    ("index", "real*", "const real*", "real*", "real*", "real", "real", "real", "real", "real")
+    ("index", "real*", "const real*", "real*", "real*", _RATE, "real", "real", "real", "real")
     + _COUNTERS,
 )
 
@@ -61,6 +63,11 @@ ADADELTA = Kernel(
 def _reals(weight: np.ndarray, *values: float) -> list:
     """Scalars as the kernel's ``real`` parameters hold them."""
     return [weight.dtype.type(value) for value in values]
+
+
+def _rate(learning_rate: np.ndarray) -> float:
+    """The learning rate the kernel reads from the device (a 0-d float64 array)."""
+    return float(learning_rate[()])
 
 
 # --- the references (NumPy, in place) ------------------------------------------------------
@@ -73,7 +80,7 @@ def sgd_reference(
     if not applied[()]:
         return
     learning_rate, momentum, one_minus_dampening, weight_decay = _reals(
-        weight, learning_rate, momentum, one_minus_dampening, weight_decay
+        weight, _rate(learning_rate), momentum, one_minus_dampening, weight_decay
     )
     grad = gradient + weight_decay * weight if weight_decay != 0 else gradient
     if momentum != 0:
@@ -89,18 +96,17 @@ def sgd_reference(
 
 def adam_reference(
     n, weight, gradient, exp_avg, exp_avg_sq, max_exp_avg_sq, learning_rate, beta1, beta2,
-    one_minus_beta1, one_minus_beta2, eps, weight_decay, decoupled, decay_factor, amsgrad, steps,
-    applied,
+    one_minus_beta1, one_minus_beta2, eps, decay, decoupled, amsgrad, steps, applied,
 ):  # fmt: skip
     if not applied[()]:
         return
     t = float(steps[()])
     real = weight.dtype.type
     bias_correction2_root = real(np.sqrt(1.0 - beta2**t))
-    step_size = real(learning_rate / (1.0 - beta1**t))
+    step_size = real(_rate(learning_rate) / (1.0 - beta1**t))
     b1, b2 = real(beta1), real(beta2)
     one_minus_beta1, one_minus_beta2, eps, weight_decay, decay_factor = _reals(
-        weight, one_minus_beta1, one_minus_beta2, eps, weight_decay, decay_factor
+        weight, one_minus_beta1, one_minus_beta2, eps, decay, 1.0 - _rate(learning_rate) * decay
     )
     grad = gradient
     if weight_decay != 0:
@@ -124,7 +130,7 @@ def adamax_reference(
     if not applied[()]:
         return
     real = weight.dtype.type
-    step_size = real(learning_rate / (1.0 - beta1 ** float(steps[()])))
+    step_size = real(_rate(learning_rate) / (1.0 - beta1 ** float(steps[()])))
     one_minus_beta1, beta2, eps, weight_decay = _reals(
         weight, one_minus_beta1, beta2, eps, weight_decay
     )
@@ -139,7 +145,7 @@ def adagrad_reference(
 ):
     if not applied[()]:
         return
-    step_size = weight.dtype.type(learning_rate / (1.0 + float(steps[()] - 1) * lr_decay))
+    step_size = weight.dtype.type(_rate(learning_rate) / (1.0 + float(steps[()] - 1) * lr_decay))
     eps, weight_decay = _reals(weight, eps, weight_decay)
     grad = gradient + weight_decay * weight if weight_decay != 0 else gradient
     square_sum += grad * grad
@@ -153,7 +159,7 @@ def rmsprop_reference(
     if not applied[()]:
         return
     learning_rate, alpha, one_minus_alpha, eps, weight_decay, momentum = _reals(
-        weight, learning_rate, alpha, one_minus_alpha, eps, weight_decay, momentum
+        weight, _rate(learning_rate), alpha, one_minus_alpha, eps, weight_decay, momentum
     )
     grad = gradient + weight_decay * weight if weight_decay != 0 else gradient
     square_avg[...] = alpha * square_avg + grad * grad * one_minus_alpha
@@ -176,7 +182,7 @@ def adadelta_reference(
     if not applied[()]:
         return
     learning_rate, rho, one_minus_rho, eps, weight_decay = _reals(
-        weight, learning_rate, rho, one_minus_rho, eps, weight_decay
+        weight, _rate(learning_rate), rho, one_minus_rho, eps, weight_decay
     )
     grad = gradient + weight_decay * weight if weight_decay != 0 else gradient
     square_avg[...] = rho * square_avg + grad * grad * one_minus_rho

@@ -55,7 +55,7 @@ class Adadelta(OptimMethod):
 
     _fused_kernel = fused.ADADELTA
 
-    def _fused_arguments(self, weight: Any, learning_rate: float) -> tuple:
+    def _fused_arguments(self, weight: Any, learning_rate: Any) -> tuple:
         state = self._state
         return (
             state["square_avg"],

@@ -60,7 +60,7 @@ class Adagrad(OptimMethod):
 
     _fused_kernel = fused.ADAGRAD
 
-    def _fused_arguments(self, weight: Any, learning_rate: float) -> tuple:
+    def _fused_arguments(self, weight: Any, learning_rate: Any) -> tuple:
         return (self._state["sum"], learning_rate, self.lr_decay, self.eps, self.weight_decay)
 
     def _initial_state(self, weight: Any) -> dict[str, Any]:

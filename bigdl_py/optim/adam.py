@@ -75,7 +75,7 @@ class Adam(OptimMethod):
     #: AdamW's decay shrinks the weight instead of joining the gradient.
     _decoupled_decay = False
 
-    def _fused_arguments(self, weight: Any, learning_rate: float) -> tuple:
+    def _fused_arguments(self, weight: Any, learning_rate: Any) -> tuple:
         beta1, beta2 = self.betas
         state = self._state
         return (
@@ -90,7 +90,6 @@ class Adam(OptimMethod):
             self.eps,
             self.weight_decay,
             int(self._decoupled_decay),
-            1.0 - learning_rate * self.weight_decay,
             int(self.amsgrad),
         )
 

@@ -56,7 +56,7 @@ class Adamax(OptimMethod):
 
     _fused_kernel = fused.ADAMAX
 
-    def _fused_arguments(self, weight: Any, learning_rate: float) -> tuple:
+    def _fused_arguments(self, weight: Any, learning_rate: Any) -> tuple:
         beta1, beta2 = self.betas
         state = self._state
         return (

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from bigdl_py import backend, kernels
+from bigdl_py import backend, kernels, step_graph
 from bigdl_py.kernels import optimizers as fused_optimizers
 from bigdl_py.optim.schedules import Constant, Schedule
 
@@ -98,9 +98,11 @@ class OptimMethod:
         self.iteration = 0
         self.epoch = 0
         self._state: dict[str, Any] = {}
-        # On a device with a fused kernel: the count of applied updates, kept there.
+        # On a device with a fused kernel: the count of applied updates and the learning
+        # rate of the step, kept there.
         self._applied_steps = None
         self._always = None
+        self._device_learning_rate = None
 
     # --- the update rule (subclasses) ---------------------------------------------------
     def _state_names(self) -> tuple[str, ...]:
@@ -136,13 +138,25 @@ class OptimMethod:
         Returns
         -------
         The same ``weight`` array.
+
+        Notes
+        -----
+        On a device a rule with a fused kernel reads its learning rate and step count there,
+        so a training step captured in a CUDA graph (``bigdl_py.step_graph``) replays it
+        with each step's schedule; a rule without one cannot be captured.
         """
         self._check_arrays(weight, gradient)
         if gradient.dtype != weight.dtype:
             gradient = gradient.astype(weight.dtype)
         self._ensure_state(weight)
-        self.step_count += 1
-        if self._fused_kernel is not None and kernels.route(weight, gradient) is not None:
+        fused = self._fused_kernel is not None and kernels.route(weight, gradient) is not None
+        if not fused and backend.is_device_array(weight):
+            backend.refuse_in_capture(
+                f"{type(self).__name__}'s update without a fused kernel (it takes the "
+                "learning rate and step count from the host)"
+            )
+        step_graph.each_step(self._count_step)
+        if fused:
             self._fused_step(weight, gradient, apply_if)
         elif apply_if is None:
             self._update(weight, gradient, self.current_learning_rate())
@@ -153,23 +167,30 @@ class OptimMethod:
     #: The fused kernel of this rule on a device (``bigdl_py.kernels.optimizers``), or None.
     _fused_kernel = None
 
-    def _fused_arguments(self, weight: Any, learning_rate: float) -> tuple:
-        """The kernel's arguments between the gradient and ``steps`` (rules with a kernel)."""
+    def _count_step(self) -> None:
+        self.step_count += 1
+
+    def _fused_arguments(self, weight: Any, learning_rate: Any) -> tuple:
+        """The kernel's arguments between the gradient and ``steps`` (rules with a kernel);
+        ``learning_rate`` is the 0-d float64 device array the kernel reads it from."""
         raise NotImplementedError
 
     def _fused_step(self, weight: Any, gradient: Any, apply_if: Any) -> None:
         """The update as one kernel, the step count kept on the device: where ``apply_if``
         is False nothing changes, and the count of applied updates (bias corrections,
-        SGD's first step) does not grow either."""
+        SGD's first step) does not grow either. The learning rate goes to the device
+        before each step (``step_graph.fill_each_step``)."""
         xp = backend.array_module(weight)
         applied_steps = getattr(self, "_applied_steps", None)
         if applied_steps is None or backend.device_of(applied_steps) != backend.device_of(weight):
             # Created once per device from the host's count (this call already counted).
             self._applied_steps = xp.asarray(self.step_count - 1, dtype=np.int64)
             self._always = xp.asarray(True)
+            self._device_learning_rate = xp.zeros((), dtype=np.float64)
         applied = self._always if apply_if is None else apply_if
         self._applied_steps += applied
-        arguments = self._fused_arguments(weight, self.current_learning_rate())
+        step_graph.fill_each_step(self._device_learning_rate, self.current_learning_rate)
+        arguments = self._fused_arguments(weight, self._device_learning_rate)
         kernel = self._fused_kernel
         fused_optimizers.update(
             kernel,

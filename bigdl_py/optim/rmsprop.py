@@ -70,7 +70,7 @@ class RMSprop(OptimMethod):
 
     _fused_kernel = fused.RMSPROP
 
-    def _fused_arguments(self, weight: Any, learning_rate: float) -> tuple:
+    def _fused_arguments(self, weight: Any, learning_rate: Any) -> tuple:
         state = self._state
         return (
             state["square_avg"],

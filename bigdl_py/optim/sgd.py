@@ -65,7 +65,7 @@ class SGD(OptimMethod):
 
     _fused_kernel = fused.SGD
 
-    def _fused_arguments(self, weight: Any, learning_rate: float) -> tuple:
+    def _fused_arguments(self, weight: Any, learning_rate: Any) -> tuple:
         buffer = self._state.get("momentum_buffer", weight)  # read only with momentum
         return (
             buffer,

@@ -64,11 +64,16 @@ def _counters(step: int, applied: bool):
     return [np.array(step, dtype=np.int64), np.array(applied)]
 
 
+def _rate(value: float) -> np.ndarray:
+    """A learning rate as the kernels read it: a float64 on the device."""
+    return np.array(value, dtype=np.float64)
+
+
 def _sgd(first, nesterov, dampening, applied):
     def make(rng, dtype):
         weight, gradient, buffer = _vectors(rng, dtype, 3)
         return [
-            SIZE, weight, gradient, buffer, 0.1, 0.9, 1.0 - dampening, 1e-4, int(nesterov),
+            SIZE, weight, gradient, buffer, _rate(0.1), 0.9, 1.0 - dampening, 1e-4, int(nesterov),
             *_counters(1 if first else 5, applied),
         ]  # fmt: skip
 
@@ -94,11 +99,10 @@ for first, nesterov, dampening, applied in [
 def _adam(decoupled, amsgrad, applied):
     def make(rng, dtype):
         weight, gradient, exp_avg, exp_avg_sq, max_sq = _vectors(rng, dtype, 5, positive=(3, 4))
-        learning_rate, weight_decay = 1e-3, 0.01
         return [
-            SIZE, weight, gradient, exp_avg, exp_avg_sq, max_sq, learning_rate, 0.9, 0.999,
-            1.0 - 0.9, 1.0 - 0.999, 1e-8, weight_decay, int(decoupled),
-            1.0 - learning_rate * weight_decay, int(amsgrad), *_counters(7, applied),
+            SIZE, weight, gradient, exp_avg, exp_avg_sq, max_sq, _rate(1e-3), 0.9, 0.999,
+            1.0 - 0.9, 1.0 - 0.999, 1e-8, 0.01, int(decoupled), int(amsgrad),
+            *_counters(7, applied),
         ]  # fmt: skip
 
     return make
@@ -122,7 +126,7 @@ for decoupled, amsgrad, applied in [
 def _adamax_arguments(rng, dtype):
     weight, gradient, exp_avg, exp_inf = _vectors(rng, dtype, 4, positive=(3,))
     return [
-        SIZE, weight, gradient, exp_avg, exp_inf, 2e-3, 0.9, 1.0 - 0.9, 0.999, 1e-8, 1e-3,
+        SIZE, weight, gradient, exp_avg, exp_inf, _rate(2e-3), 0.9, 1.0 - 0.9, 0.999, 1e-8, 1e-3,
         *_counters(3, True),
     ]  # fmt: skip
 
@@ -133,7 +137,9 @@ case("adamax", fused_optimizers.ADAMAX, fused_optimizers.adamax_reference, _adam
 
 def _adagrad_arguments(rng, dtype):
     weight, gradient, square_sum = _vectors(rng, dtype, 3, positive=(2,))
-    return [SIZE, weight, gradient, square_sum, 0.01, 0.05, 1e-10, 1e-3, *_counters(4, True)]
+    return [
+        SIZE, weight, gradient, square_sum, _rate(0.01), 0.05, 1e-10, 1e-3, *_counters(4, True)
+    ]  # fmt: skip
 
 
 case("adagrad", fused_optimizers.ADAGRAD, fused_optimizers.adagrad_reference,
@@ -145,8 +151,8 @@ def _rmsprop(centered, momentum):
         weight, gradient, square_avg, grad_avg, buffer = _vectors(rng, dtype, 5, positive=(2,))
         grad_avg *= dtype.type(0.1)  # so that square_avg - grad_avg**2 stays > 0
         return [
-            SIZE, weight, gradient, square_avg, grad_avg, buffer, 0.01, 0.99, 1.0 - 0.99, 1e-8,
-            1e-3, momentum, int(centered), *_counters(2, True),
+            SIZE, weight, gradient, square_avg, grad_avg, buffer, _rate(0.01), 0.99,
+            1.0 - 0.99, 1e-8, 1e-3, momentum, int(centered), *_counters(2, True),
         ]  # fmt: skip
 
     return make
@@ -165,7 +171,7 @@ for centered, momentum in [(False, 0.0), (True, 0.0), (True, 0.9)]:
 def _adadelta_arguments(rng, dtype):
     weight, gradient, square_avg, acc_delta = _vectors(rng, dtype, 4, positive=(2, 3))
     return [
-        SIZE, weight, gradient, square_avg, acc_delta, 1.0, 0.9, 1.0 - 0.9, 1e-6, 1e-3,
+        SIZE, weight, gradient, square_avg, acc_delta, _rate(1.0), 0.9, 1.0 - 0.9, 1e-6, 1e-3,
         *_counters(2, True),
     ]  # fmt: skip
 
