@@ -59,11 +59,16 @@ def forward(model: Any, batch: MiniBatch, device: backend.Device) -> Any:
     return model(*inputs)
 
 
-def labels_on(batch: MiniBatch, device: backend.Device) -> Tensor:
-    """The batch's labels as a Tensor on ``device`` (a clear error for unlabelled data)."""
+def host_labels(batch: MiniBatch) -> np.ndarray:
+    """The batch's labels (a clear error for unlabelled data)."""
     if batch.labels is None:
         raise ValueError("training and validation batches need labels; this dataset has none")
-    return Tensor(backend.to_device(batch.labels, device), _copy=False)
+    return batch.labels
+
+
+def labels_on(batch: MiniBatch, device: backend.Device) -> Tensor:
+    """The batch's labels as a Tensor on ``device`` (a clear error for unlabelled data)."""
+    return Tensor(backend.to_device(host_labels(batch), device), _copy=False)
 
 
 def criterion_target(criterion: Any, batch: MiniBatch, device: backend.Device) -> Tensor:

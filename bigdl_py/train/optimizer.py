@@ -43,6 +43,11 @@ class LocalOptimizer(BaseOptimizer):
     skip_nonfinite_batches : bool
         Skip NaN/Inf-loss batches instead of stopping.
     progress : bool or Progress
+    cuda_graphs : bool, optional
+        On a GPU, capture the training step in a CUDA graph after a warm-up and replay it
+        each iteration (``bigdl_py.step_graph``; ``docs/gpu.md`` gives the rules and what
+        makes a step run eagerly). Default: on, unless the environment variable
+        ``BIGDL_PY_CUDA_GRAPHS=0``; False turns it off. No effect on the CPU.
 
     Examples
     --------
@@ -63,7 +68,12 @@ class LocalOptimizer(BaseOptimizer):
         *,
         skip_nonfinite_batches: bool = False,
         progress: bool | Progress = True,
+        cuda_graphs: bool | None = None,
     ):
+        if cuda_graphs is not None and not isinstance(cuda_graphs, bool):
+            raise TypeError(
+                f"LocalOptimizer: cuda_graphs must be True, False or None, got {cuda_graphs!r}"
+            )
         super().__init__(
             model,
             as_array_dataset(training_set, "training_set"),
@@ -71,7 +81,7 @@ class LocalOptimizer(BaseOptimizer):
             optim_method,
             end_trigger,
             batch_size,
-            LocalRunner(),
+            LocalRunner(cuda_graphs),
             skip_nonfinite_batches=skip_nonfinite_batches,
             progress=progress,
         )

@@ -79,8 +79,10 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from bigdl_py import backend
+from bigdl_py import backend, kernels
+from bigdl_py.autograd.tensor import Tensor
 from bigdl_py.optim import FlatParameters
+from bigdl_py.step_graph import StepGraph
 from bigdl_py.train import batches as batch_io
 from bigdl_py.train.metrics import ValidationMethod, ValidationResult
 from bigdl_py.train.rng import load_model_rng_state, model_rng_state
@@ -235,7 +237,16 @@ class LocalRunner(IterationRunner):
     method updates the flat weight vector the layers view. On a device an iteration reads
     nothing back (see "Losses on a device"); the labels go to the criterion as host arrays
     when it checks them there (``batch_io.criterion_target``).
+
+    On a device the whole iteration (zeroing the gradient, forward, loss, backward,
+    clipping, update) is one step function run by a :class:`~bigdl_py.step_graph.StepGraph`:
+    captured in a CUDA graph after a warm-up and replayed, its batch copied into the
+    graph's input buffers (the labels too: the criterion then checks them on the device).
+    ``cuda_graphs=False`` (or ``BIGDL_PY_CUDA_GRAPHS=0``) runs it as before, eagerly.
     """
+
+    def __init__(self, cuda_graphs: bool | None = None):
+        self.cuda_graphs = cuda_graphs
 
     def prepare(self, setup: TrainingSetup) -> None:
         super().prepare(setup)
@@ -245,12 +256,24 @@ class LocalRunner(IterationRunner):
         self.on_device = backend.is_device_array(self.flat.weights)
         # On the device, in stop mode: no non-finite loss so far (updates stay off after one).
         self._healthy = None
+        if self.on_device and not setup.skip_nonfinite:
+            self._healthy = self.device.xp.ones((), dtype=bool)
+        self._modules = list(setup.model.modules())
+        self._parameters = list(setup.model.parameters())
+        self.step_graph = StepGraph(
+            self.device, enabled=self.cuda_graphs, host_state=self._host_state
+        )
 
     def run_iteration(
         self, epoch: int, iteration: int, batch_index: int, indices: np.ndarray
     ) -> IterationResult:
         setup = self.setup
         batch = batch_io.training_batch(setup.training_set, epoch, batch_index, indices)
+        if self.on_device and self.step_graph.enabled:
+            inputs = [*batch.features, batch_io.host_labels(batch)]
+            loss = self.step_graph.run(self._device_step, inputs, self._step_key())
+            setup.optim_method.on_iteration_end(iteration + 1)
+            return IterationResult(DeviceLoss(loss), batch.size, applied=None)
         self.flat.zero_grad()
         output = batch_io.forward(setup.model, batch, self.device)
         loss = setup.criterion(
@@ -270,18 +293,64 @@ class LocalRunner(IterationRunner):
 
     def _device_iteration(self, loss: Any, iteration: int, samples: int) -> IterationResult:
         """Backward and update with the finite-loss decision kept on the device."""
+        self._backward_and_update(loss)
+        self.setup.optim_method.on_iteration_end(iteration + 1)
+        return IterationResult(DeviceLoss(loss.data), samples, applied=None)
+
+    def _device_step(self, *arrays: Any) -> Any:
+        """One whole iteration on device arrays (the features, then the labels): what a
+        CUDA graph captures. Returns the loss (a 0-d device array)."""
+        setup = self.setup
+        self.flat.zero_grad()
+        output = setup.model(*(Tensor(array, _copy=False) for array in arrays[:-1]))
+        loss = setup.criterion(output, Tensor(arrays[-1], _copy=False))
+        self._backward_and_update(loss)
+        return loss.data
+
+    def _backward_and_update(self, loss: Any) -> None:
+        """Backward, clipping and the update, gated on the device by a finite loss (in stop
+        mode, by every loss so far being finite)."""
         setup = self.setup
         xp = backend.array_module(loss.data)
         apply = xp.isfinite(loss.data)
-        if not setup.skip_nonfinite:  # stopping: nothing updates after the first NaN/Inf
-            self._healthy = apply if self._healthy is None else self._healthy & apply
+        if self._healthy is not None:  # stopping: nothing updates after the first NaN/Inf
+            xp.logical_and(self._healthy, apply, out=self._healthy)
             apply = self._healthy
         loss.backward()
         for clipping in setup.clippings:
             clipping.clip_(self.flat.gradients)
         setup.optim_method.step(self.flat.weights, self.flat.gradients, apply_if=apply)
-        setup.optim_method.on_iteration_end(iteration + 1)
-        return IterationResult(DeviceLoss(loss.data), samples, applied=None)
+
+    def _step_key(self) -> tuple:
+        """What a captured step depends on besides its inputs' shapes: which modules train,
+        which parameters learn, the optimizer and its hyperparameters, the clippings, the
+        kernel settings. A change makes (or reuses) another graph."""
+        setup = self.setup
+        return (
+            tuple(module.training for module in self._modules),
+            tuple(parameter.requires_grad for parameter in self._parameters),
+            id(setup.optim_method),
+            repr(setup.optim_method),
+            tuple(repr(clipping) for clipping in setup.clippings),
+            kernels.enabled(),
+            tuple(backend.tf32_settings().items()),
+        )
+
+    def _host_state(self):
+        """The model's host random generators now, and how to put them back (a capture that
+        fails has drawn from them)."""
+        model = self.setup.model
+        saved = model_rng_state(model)
+        return lambda: load_model_rng_state(model, saved)
+
+    def load_optim_state_dict(self, state: dict[str, Any] | list[dict[str, Any]]) -> None:
+        super().load_optim_state_dict(state)
+        self.step_graph.reset()  # the optimizer's device state is made anew
+
+    def close(self) -> None:
+        graph = getattr(self, "step_graph", None)
+        if graph is not None:
+            graph.reset()  # the graphs' memory goes back
 
     def evaluate(
         self, dataset: Any, methods: Sequence[ValidationMethod], batch_size: int
