@@ -172,7 +172,8 @@ def _constant(value: Any, reference, op_name: str):
             return Tensor(np.asarray(value, dtype=reference_data.dtype), _copy=False)
     xp = reference.device.xp
     if isinstance(value, (bool, int, float)) and backend.is_floating(reference.dtype):
-        array = xp.asarray(value, dtype=reference.dtype)
+        # Filled on the device, not copied from the host: a CUDA graph can replay a fill.
+        array = xp.full((), value, dtype=reference.dtype)
     else:
         array = backend.to_device(value, reference.device)
         if isinstance(value, (float, np.floating)) or (

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from bigdl_py import nn
+from bigdl_py import device_waits, nn
 from bigdl_py.autograd import ops
 from bigdl_py.autograd.tensor import Tensor
 
@@ -104,14 +104,15 @@ class NCF(nn.Module):
         if data.ndim != 2 or data.shape[1] != 2:
             raise ValueError(f"NCF: expects (N, 2) (user, item) ids, got shape {data.shape}")
         ids = data.astype(np.int64)
-        if data.dtype.kind == "f" and bool((ids != data).any()):
-            raise ValueError("NCF: ids must be whole numbers, got fractional values")
+        # Device ids are checked on the device (read at the next sync point in a step).
+        if data.dtype.kind == "f":
+            device_waits.check(
+                (ids != data).any(),
+                lambda: ValueError("NCF: ids must be whole numbers, got fractional values"),
+            )
         for column, name, size in ((0, "user", self.num_users), (1, "item", self.num_items)):
-            low, high = int(ids[:, column].min()), int(ids[:, column].max())
-            if low < 0 or high >= size:
-                raise ValueError(
-                    f"NCF: {name} ids must lie in [0, {size}), got values in [{low}, {high}]"
-                )
+            low, high = ids[:, column].min(), ids[:, column].max()
+            device_waits.check((low < 0) | (high >= size), _id_range_error(name, size), low, high)
         return ids[:, 0], ids[:, 1]
 
     def forward(self, pairs):
@@ -121,6 +122,15 @@ class NCF(nn.Module):
             product = self.user_gmf(users) * self.item_gmf(items)
             features = ops.concatenate([product, features], axis=1)
         return self.predict(features).reshape(-1)
+
+
+def _id_range_error(name: str, size: int):
+    def error(low, high) -> ValueError:
+        return ValueError(
+            f"NCF: {name} ids must lie in [0, {size}), got values in [{int(low)}, {int(high)}]"
+        )
+
+    return error
 
 
 # Known to bigdl_py.nn.save/load by name (the safe format names classes, never pickles them).

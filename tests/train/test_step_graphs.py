@@ -20,6 +20,7 @@ import pytest
 from train_models import make_blobs, make_classifier
 
 from bigdl_py import backend, nn
+from bigdl_py.autograd import ops
 from bigdl_py.data import ArrayDataset
 from bigdl_py.optim import SGD, Adam, Step
 from bigdl_py.train import LocalOptimizer, MaxEpoch, MaxIteration, SeveralIteration
@@ -28,14 +29,18 @@ from bigdl_py.train.callbacks import TrainingCallback
 BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "bench")
 
 
-def lenet5():
+def engine_models():
     sys.path.insert(0, BENCH)  # bench/ is not a package
     try:
-        engine_models = importlib.import_module("engine_models")
+        return importlib.import_module("engine_models")
     finally:
         sys.path.remove(BENCH)
+
+
+def lenet5():
+    models = engine_models()
     with nn.init.seeded(0):
-        return engine_models.build(nn, engine_models.LENET5)
+        return models.build(nn, models.LENET5)
 
 
 def images(samples: int = 70):
@@ -93,6 +98,40 @@ def test_replayed_training_gives_the_weights_of_eager_training(method):
     assert captured.optim_method.state_dict()["step"] == 15
     host = train("cpu", METHODS[method], cuda_graphs=True)
     assert_same(weights(host), weights(captured), exact=False)
+
+
+LOSSES = {"nll": nn.NLLLoss, "cross_entropy": nn.CrossEntropyLoss, "mse": nn.MSELoss}
+
+
+@pytest.mark.parametrize("key", ["lenet", "mlp", "cnn", "ncf", "transformer", "bilstm", "resnet18"])
+def test_every_bench_models_step_is_captured_and_replays_as_it_runs_eagerly(key):
+    spec = engine_models().MODELS[key]
+    features, labels = spec.batch(0)
+    samples = 9 if key == "resnet18" else 24
+    features, labels = features[:samples], labels[:samples]
+    if key in ("transformer", "bilstm"):
+        features = np.maximum(features[:, :16], 1)  # short sequences, no all-padding one
+    runs = []
+    for graphs in (True, False):
+        ops.manual_seed(0)  # the same dropout masks
+        with nn.init.seeded(0):
+            model = spec.build().to("strict")
+        optimizer = LocalOptimizer(
+            model,
+            ArrayDataset(features, labels, shuffle=False),
+            LOSSES[spec.loss](),
+            Adam(lr=1e-3),
+            batch_size=samples // 3,
+            end_trigger=MaxIteration(5),
+            progress=False,
+            cuda_graphs=graphs,
+        )
+        optimizer.optimize()
+        runs.append(optimizer)
+    graph = runs[0].runner.step_graph
+    assert not graph.refusals, graph.refusals
+    assert graph.counts == {"captured": 1, "replayed": 3, "eager": 1}
+    assert_same(weights(runs[1]), weights(runs[0]))
 
 
 class _Switch(TrainingCallback):
