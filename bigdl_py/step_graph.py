@@ -316,7 +316,7 @@ class StepGraph:
         inputs = [np.asarray(array) for array in inputs]
         signature = (key, tuple((array.shape, array.dtype.str) for array in inputs))
         entry = self._entry(signature)
-        with self._on_stream():
+        with self.device.activate(), self._on_stream():
             if entry.graph is not None:
                 self.counts["replayed"] += 1
                 return entry.graph.replay(inputs, self._upload)

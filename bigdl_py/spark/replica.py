@@ -24,7 +24,7 @@ from bigdl_py import backend, device_waits
 from bigdl_py.autograd.ops import misc as op_randomness
 from bigdl_py.autograd.tensor import Tensor
 from bigdl_py.optim.flat_parameters import FlatParameters, flat_layout
-from bigdl_py.spark import worker
+from bigdl_py.spark import replica_graph, worker
 from bigdl_py.spark.partitioned_data import load_partition_data
 from bigdl_py.spark.records import Report
 
@@ -193,10 +193,12 @@ def forward_backward(
     ``micro_batches`` > 1 the share runs in that many pieces whose gradients accumulate:
     the same gradient, with the activations of one piece in memory at a time.
 
-    On a device no piece waits for it: the package's losses take host labels (checked on
-    the host), other checks of device data are read after the last backward is queued, and
-    so is the summed loss, once (every piece back-propagates; a non-finite sum makes the
-    driver skip the update all the same).
+    On a device no piece waits for it: checks of device data are read after the last
+    backward is queued, and so is the summed loss, once (every piece back-propagates; a
+    non-finite sum makes the driver skip the update all the same). Each piece's
+    forward-backward is captured in a CUDA graph there and replayed (``replica_graph``: the
+    labels go to the device with the features, checked there), unless graphs are off or a
+    custom training step runs, when the package's losses take host labels.
     """
     replica.flat.load(weights)  # moved to the replica's device by FlatParameters
     replica.load_frozen(frozen_weights)
@@ -213,11 +215,18 @@ def forward_backward(
     for piece_number, piece in enumerate(pieces):
         if len(piece) == 0:
             continue
+        labels = np.asarray(replica.labels[piece])
+        if on_device and replica_graph.captures(replica):  # in a CUDA graph, replayed
+            with _rejected_data(replica, iteration, labels):
+                piece_sum = replica_graph.piece_loss_sum(
+                    replica, piece, labels, len(piece) / batch_size
+                )
+            device_loss_sum = piece_sum if device_loss_sum is None else device_loss_sum + piece_sum
+            continue
         inputs = [
             Tensor(backend.to_device(np.asarray(array[piece]), replica.device), _copy=False)
             for array in replica.features
         ]
-        labels = np.asarray(replica.labels[piece])
         if not host_labels:
             labels = backend.to_device(labels, replica.device)
         with _rejected_data(replica, iteration, labels), _no_waits_on(on_device):
