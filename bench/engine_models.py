@@ -306,7 +306,7 @@ def torch_transformer(
             self.classifier = tnn.Linear(d_model, classes)
 
         def forward(self, ids):
-            positions = torch.arange(ids.shape[1])
+            positions = torch.arange(ids.shape[1], device=ids.device)
             x = self.token_embedding(ids) + self.position_embedding(positions)
             padding = ids == 0
             kept = (~padding).sum(dim=1, keepdim=True)

@@ -47,6 +47,7 @@ class _Marks(threading.local):
         self.step_name = ""
         self.step_number = 0
         self.pending: list = []
+        self.counter: ReadCount | None = None
 
 
 _marks = _Marks()
@@ -84,10 +85,31 @@ def waits_forbidden() -> bool:
     return bool(modes) and modes[-1]
 
 
+class ReadCount:
+    """How many reads of device data :func:`counting_reads` saw inside steps."""
+
+    def __init__(self):
+        self.reads = 0
+
+
+@contextlib.contextmanager
+def counting_reads() -> Iterator[ReadCount]:
+    """Inside the block, a read of device data inside a step is counted instead of raised
+    (a measurement: ``bench/gpu.py`` counts the waits a step makes on the strict device)."""
+    previous, counter = _marks.counter, ReadCount()
+    _marks.counter = counter
+    try:
+        yield counter
+    finally:
+        _marks.counter = previous
+
+
 def check_read(what: str) -> None:
     """Raise :class:`DeviceSyncError` when reading device data (``what``) would make the
     host wait inside a step; the strict device calls this on every read."""
-    if waits_forbidden():
+    if waits_forbidden() and _marks.counter is not None:
+        _marks.counter.reads += 1
+    elif waits_forbidden():
         name = str(_marks.step_name)
         step = f" ({name})" if name else ""
         raise DeviceSyncError(

@@ -60,3 +60,29 @@ def test_the_innermost_mark_rules():
             with device_waits.no_device_waits():  # validation's own batches
                 assert device_waits.waits_forbidden()
             assert not device_waits.waits_forbidden()
+
+
+def test_a_checks_evidence_goes_to_its_error_at_the_sync_point():
+    xp = backend.STRICT.xp
+    ids = backend.to_device(np.array([3, 12, 5]), "strict")
+    with device_waits.no_device_waits():
+        device_waits.begin_step("step 4")
+        high = ids.max()
+        device_waits.check(high >= 10, lambda high: IndexError(f"max {int(high)}"), high)
+        ids[...] = xp.zeros(3, dtype=ids.dtype)  # the evidence, not the ids, is read
+    with pytest.raises(IndexError, match=r"max 12 \[in step 4\]"):
+        device_waits.raise_deferred_checks()
+
+
+def test_counting_reads_counts_the_reads_inside_steps_instead_of_raising():
+    value = backend.to_device(np.arange(3.0), "strict")
+    with device_waits.counting_reads() as counter:
+        float(value.sum())  # outside a step: no wait to count
+        with device_waits.no_device_waits():
+            float(value.sum())
+            bool(value.any())
+            with device_waits.device_sync_point("validation"):
+                value.get()
+    assert counter.reads == 2
+    with device_waits.no_device_waits(), pytest.raises(device_waits.DeviceSyncError):
+        float(value.sum())  # the count is over: reads raise again
