@@ -391,8 +391,13 @@ def end_capture(stream: Any) -> Any:
 
 
 def abandon_capture(stream: Any) -> None:
-    """End a capture that failed, dropping what it recorded (nothing ran)."""
-    if stream.is_capturing():
+    """End a capture that failed, dropping what it recorded (nothing ran), so the stream
+    takes work again."""
+    try:
+        capturing = stream.is_capturing()
+    except RuntimeError:  # CuPy raises for a capture an error invalidated: still to be ended
+        capturing = True
+    if capturing:
         with contextlib.suppress(Exception):  # an invalidated capture raises on ending
             stream.end_capture()
 

@@ -5,9 +5,12 @@ A device stream is two words on the device, ``[seed, offset]``. A draw takes it 
 kernel copies it aside and moves the offset past the draw), and the dropout kernel reads
 the copy: the host never reads the state, and the backward regenerates the forward's mask
 from the same copy instead of keeping one. One stream per device and thread; its seed comes
-from the host generator ``ops.manual_seed`` seeds (``misc.default_generator``), so a seeded
-run draws the same masks every time. (The host's dropout draws from NumPy's generators, so
-a device run's masks differ from a host run's with the same seed.)
+from the host generator ``ops.manual_seed`` seeds (``misc.default_generator``), spawned
+from its seed sequence rather than drawn, so a seeded run draws the same masks every time
+and the host's own draws from that generator are not moved. ``ops.manual_seed`` reseeds
+the streams in place: a training step captured in a CUDA graph draws from the new seed.
+(The host's dropout draws from NumPy's generators, so a device run's masks differ from a
+host run's with the same seed.)
 
 The ``*_reference`` functions are the kernels in NumPy, integer for integer: a reference and
 its kernel give the same mask bit for bit.
@@ -93,17 +96,21 @@ _streams = threading.local()
 
 def forget_streams() -> None:
     """Start this thread's device streams again from the host generator (``ops.manual_seed``
-    calls this): each takes a new seed from it now, its offset back to 0, written into the
-    stream's own device memory, so a step captured in a CUDA graph draws from the new one."""
+    calls this, after making a new one): each takes its new seed now and its offset goes
+    back to 0, written into the stream's own device memory, so a step captured in a CUDA
+    graph draws from the new stream."""
     for device, state in getattr(_streams, "by_device", {}).items():
         state[...] = backend.to_device(_new_state(), device)
 
 
 def _new_state() -> np.ndarray:
-    """``[seed, 0]``, the seed drawn from the host generator dropout uses."""
+    """``[seed, 0]``: the seed spawned from the seed sequence of the host generator dropout
+    uses (the next stream made or reseeded takes the next child), so the generator's own
+    draws are not moved."""
     from bigdl_py.autograd.ops.misc import default_generator
 
-    return np.array([default_generator().integers(0, 2**63, dtype=np.uint64), 0], np.uint64)
+    (child,) = default_generator().bit_generator.seed_seq.spawn(1)
+    return np.array([child.generate_state(1, np.uint64)[0] >> np.uint64(1), 0], np.uint64)
 
 
 def _stream(like: Any) -> Any:

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bigdl_py import backend
+from bigdl_py import backend, step_graph
 from bigdl_py.autograd.grad_mode import is_grad_enabled
 from bigdl_py.autograd.ops import cuda_libraries, cudnn
 from bigdl_py.autograd.ops.cudnn import CudnnError, LegacyDescriptor
@@ -363,6 +363,7 @@ def _layer(geometry: Geometry) -> _Layer | None:
     key = (geometry, cuda_libraries.current_device())
     found = _layers.get(key, False)
     if found is not False:
+        step_graph.keep_alive(found)  # a captured graph uses its buffers after an eviction
         return found
     try:
         made = _Layer(cudnn.loaded(), geometry)
@@ -373,6 +374,7 @@ def _layer(geometry: Geometry) -> _Layer | None:
         if len(_layers) >= MAX_LAYERS:
             _layers.pop(next(iter(_layers)))
         _layers[key] = made
+    step_graph.keep_alive(made)
     return made
 
 

@@ -58,3 +58,20 @@ def test_attention_dropout_draws_its_mask_on_the_device():
     with device_waits.no_device_waits():
         out = ops.scaled_dot_product_attention(q, k, v, dropout_p=0.5)
     assert out.shape == (2, 5, 4) and backend.device_of(out.data) == backend.STRICT
+
+
+def test_manual_seed_reseeds_a_stream_in_place_and_leaves_the_host_draws_alone():
+    x = Tensor(np.ones(1000, np.float32), device="strict")
+    ops.manual_seed(11)
+    first = ops.dropout(x, 0.5).numpy()
+    state = fused_dropout._stream(x.data)
+    ops.manual_seed(11)
+    # The same device memory (a captured step keeps reading it), a stream started again.
+    assert fused_dropout._stream(x.data) is state
+    np.testing.assert_array_equal(ops.dropout(x, 0.5).numpy(), first)
+    from bigdl_py.autograd.ops.misc import default_generator
+
+    ops.manual_seed(11)
+    np.testing.assert_array_equal(
+        default_generator().random(5), np.random.default_rng(11).random(5)
+    )

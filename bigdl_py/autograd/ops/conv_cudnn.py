@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bigdl_py import backend
+from bigdl_py import backend, step_graph
 from bigdl_py.autograd.ops import cuda_libraries, cudnn
 from bigdl_py.autograd.ops.cudnn import BackendDescriptor, CudnnError
 
@@ -336,6 +336,7 @@ def _plan(direction: str, geometry: Geometry) -> _Plan | None:
     key = (direction, geometry, cuda_libraries.current_device())
     found = _plans.get(key, False)
     if found is not False:
+        step_graph.keep_alive(found)  # a captured graph uses its buffers after an eviction
         return found
     try:
         made = _Plan(cudnn.loaded(), direction, geometry)
@@ -346,6 +347,7 @@ def _plan(direction: str, geometry: Geometry) -> _Plan | None:
         if len(_plans) >= MAX_PLANS:
             _plans.pop(next(iter(_plans)))
         _plans[key] = made
+    step_graph.keep_alive(made)
     return made
 
 
