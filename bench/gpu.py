@@ -105,9 +105,21 @@ class Gpu:
             "  long long start = clock64(); while (clock64() - start < cycles) {} }",
             "spin",
         )
-        properties = self.cupy.cuda.runtime.getDeviceProperties(0)
-        self.card = properties["name"].decode()
-        self._cycles_per_second = properties["clockRate"] * 1000.0
+        name = self.cupy.cuda.runtime.getDeviceProperties(0)["name"]
+        self.card = name.decode() if isinstance(name, bytes) else str(name)
+        self._cycles_per_second = self._spin_rate()
+
+    def _spin_rate(self) -> float:
+        """Cycles of ``clock64`` per second, timed by events (CUDA 13's device properties
+        no longer give the clock rate)."""
+        cuda, cycles = self.cupy.cuda, 50_000_000
+        self._spin((1,), (1,), (np.int64(cycles),))  # compiled and the clock up
+        start, end = cuda.Event(), cuda.Event()
+        start.record()
+        self._spin((1,), (1,), (np.int64(cycles),))
+        end.record()
+        end.synchronize()
+        return cycles / (cuda.get_elapsed_time(start, end) / 1000)
 
     def synchronize(self) -> None:
         self.cupy.cuda.Device().synchronize()
