@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -71,22 +69,3 @@ def test_save_load_round_trip(tmp_path, noise):
     loaded = nn.load(path)
     assert isinstance(loaded, GAN) and loaded.noise_size == 16
     np.testing.assert_array_equal(loaded(Tensor(noise)).numpy(), gan(Tensor(noise)).numpy())
-
-
-@pytest.mark.slow
-@pytest.mark.spark
-def test_gan_job_trains_the_dcgan(tmp_path):
-    from bigdl_py.data import find_fashion_mnist
-
-    try:
-        find_fashion_mnist("train")
-    except FileNotFoundError as error:
-        pytest.skip(str(error))
-    command = [sys.executable, os.path.join(REPO, "jobs", "train_gan.py"), "--model", "dcgan"]
-    command += ["--master", "local[2]", "--limit", "128", "--epochs", "1", "--batch-size", "64"]
-    command += ["--hidden", "4", "--log-every", "1", "--output", str(tmp_path)]
-    completed = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
-    assert completed.returncode == 0, completed.stderr[-3000:]
-    assert "epoch 1: mean D loss" in completed.stdout
-    gan = nn.load(str(tmp_path / "gan.bigdl"))
-    assert isinstance(gan.generator[1], nn.ConvTranspose2d)

@@ -205,8 +205,10 @@ def test_bad_steps_fail_clearly(spark):
 
 @pytest.mark.slow
 def test_gan_job_smoke_trains_resumes_writes_sample_grids_and_a_loadable_model(tmp_path):
-    """jobs/train_gan.py as a user runs it: a few iterations on real Fashion-MNIST, stopped
-    after one epoch and resumed from its checkpoint in a second process."""
+    """jobs/train_gan.py as a user runs it: the DCGAN (its convolutional generator and
+    discriminator; the MLP GAN's steps are the in-process tests above) for a few iterations
+    on real Fashion-MNIST, stopped after one epoch and resumed from its checkpoint in a
+    second process."""
     from matplotlib.image import imread
 
     from bigdl_py.data import find_fashion_mnist
@@ -218,9 +220,9 @@ def test_gan_job_smoke_trains_resumes_writes_sample_grids_and_a_loadable_model(t
     output = tmp_path / "gan"
 
     def run_job(epochs, *extra):
-        command = [sys.executable, os.path.join(REPO, "jobs", "train_gan.py")]
-        command += ["--master", "local[2]", "--limit", "256", "--epochs", str(epochs)]
-        command += ["--batch-size", "64", "--hidden", "32", "--output", str(output)]
+        command = [sys.executable, os.path.join(REPO, "jobs", "train_gan.py"), "--model", "dcgan"]
+        command += ["--master", "local[2]", "--limit", "128", "--epochs", str(epochs)]
+        command += ["--batch-size", "64", "--hidden", "4", "--output", str(output)]
         command += ["--log-every", "2", "--checkpoint-dir", str(tmp_path / "checkpoints")]
         completed = subprocess.run(
             command + list(extra), capture_output=True, text=True, timeout=600, check=False
@@ -242,5 +244,6 @@ def test_gan_job_smoke_trains_resumes_writes_sample_grids_and_a_loadable_model(t
         assert grid.shape[:2] == (8 * 30 + 2, 8 * 30 + 2)  # 8x8 images of 28 + 2 px borders
         assert grid[..., 0].std() > 0.01  # not a blank picture
     gan = nn.load(str(output / "gan.bigdl"))
+    assert isinstance(gan.generator[1], nn.ConvTranspose2d)
     samples = gan(Tensor(np.zeros((2, gan.noise_size), dtype=np.float32))).numpy()
     assert samples.shape == (2, 1, 28, 28) and np.all(np.abs(samples) <= 1)
