@@ -337,7 +337,7 @@ def matmul(a, b, out=None):
         shape = tuple(np.broadcast_shapes(a.shape[:-2], b.shape[:-2])) + (a.shape[-2], b.shape[-1])
         if out is None:
             out = xp.empty(shape, dtype=a.dtype)
-        if type(out) is type(a) and _is_result_buffer(out, shape, a.dtype):
+        if _is_result_buffer(out, a, shape):
             runner(call, a, b, out)
             return out
     return xp.matmul(a, b) if out is None else xp.matmul(a, b, out=out)
@@ -355,10 +355,17 @@ def _runner(a, b):
     return _run_on_strict_device
 
 
-def _is_result_buffer(out, shape, dtype) -> bool:
-    """Whether cuBLAS can write the result into ``out``: C-contiguous, of ``shape`` and
-    ``dtype`` (the call's result leading dimension and stride are the C-contiguous ones)."""
-    return out.shape == shape and out.dtype == dtype and out.flags.c_contiguous
+def _is_result_buffer(out, a, shape) -> bool:
+    """Whether cuBLAS can write the result of ``a @ b`` into ``out``: an array of ``a``'s
+    kind on ``a``'s device, of ``shape`` and ``a``'s dtype, C-contiguous (the call's result
+    leading dimension and stride are the C-contiguous ones)."""
+    return (
+        type(out) is type(a)
+        and out.shape == shape
+        and out.dtype == a.dtype
+        and out.flags.c_contiguous
+        and backend.device_of(out) == backend.device_of(a)
+    )
 
 
 def run(call: ProductCall, a, b, out) -> None:

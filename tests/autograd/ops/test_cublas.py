@@ -138,6 +138,15 @@ OPERAND_CASES.update(
         ),
         "one_row": (lambda m: m[:4].reshape(1, 4), lambda m: m[:20].reshape(4, 5)),
         "one_column": (lambda m: m[:12].reshape(3, 4), lambda m: m[:4].reshape(4, 1)),
+        # views that start past their memory's first element (attention's tiles do)
+        "offset_padded": (
+            lambda m: m[:21].reshape(3, 7)[:, 2:6],
+            lambda m: m[5:29].reshape(4, 6)[:, :5],
+        ),
+        "offset_stacks": (
+            lambda m: m[7:55].reshape(4, 3, 4)[2:],
+            lambda m: m[3:83].reshape(2, 4, 10)[..., 4:9],
+        ),
     }
 )
 
@@ -273,10 +282,16 @@ def test_a_product_is_written_into_out(model_runs):
     assert cublas.matmul(a_strict, b_strict, out=out) is out
     assert len(model_runs) == 1
     np.testing.assert_allclose(out.get(), a @ b, rtol=1e-12)
+    # a C-contiguous part of a larger buffer (attention's tiles): only that part is written
+    buffer = backend.to_device(np.zeros((4, 3, 5)), "strict")
+    assert cublas.matmul(a_strict, b_strict, out=buffer[1:3]) is not None
+    assert len(model_runs) == 2
+    np.testing.assert_allclose(buffer.get()[1:3], a @ b, rtol=1e-12)
+    assert not buffer.get()[[0, 3]].any()
     # an out cuBLAS cannot write (not C-contiguous): the device's matmul fills it
     transposed_out = backend.to_device(np.zeros((2, 5, 3)), "strict").swapaxes(-1, -2)
     assert cublas.matmul(a_strict, b_strict, out=transposed_out) is transposed_out
-    assert len(model_runs) == 1
+    assert len(model_runs) == 2
     np.testing.assert_allclose(transposed_out.get(), a @ b, rtol=1e-12)
 
 
@@ -356,6 +371,10 @@ def _forward_backward(compute, arrays, device):
     return [output.numpy()] + [tensor.grad.numpy() for tensor in tensors]
 
 
+# -inf forbids a pair; every row attends to its first key at least
+ATTENTION_MASK = np.where(np.random.default_rng(12).random((7, 7)) < 0.2, -np.inf, 0.0)
+ATTENTION_MASK[:, 0] = 0.0
+
 OP_CASES = {
     # name: (compute, input shapes, products run forward and backward)
     "matmul_stacks": (ops.matmul, [(2, 3, 5, 4), (4, 6)], 3),
@@ -365,6 +384,13 @@ OP_CASES = {
     "matmul_2d": (ops.matmul, [(5, 4), (4, 6)], 3),
     "linear": (lambda x, w, b: ops.linear(x, w, b), [(2, 5, 4), (6, 4), (6,)], 3),
     "attention": (ops.scaled_dot_product_attention, [(2, 3, 7, 4)] * 3, 6),
+    "attention_masked": (
+        lambda q, k, v: ops.scaled_dot_product_attention(
+            q, k, v, mask=backend.to_device(ATTENTION_MASK, q.device)
+        ),
+        [(2, 3, 7, 4)] * 3,
+        6,
+    ),
 }
 
 
