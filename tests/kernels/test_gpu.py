@@ -40,23 +40,6 @@ def test_the_compiled_kernel_computes_its_reference(kernel_case, dtype):
         )
 
 
-@pytest.mark.parametrize("layout", ["contiguous", "transposed", "broadcast"])
-def test_a_strided_batched_product_on_the_gpu_is_the_hosts(layout):
-    from bigdl_py.kernels import products
-
-    rng = np.random.default_rng(4)
-    a = rng.standard_normal((3, 5, 4)).astype(np.float32)
-    b = rng.standard_normal((3, 6, 4) if layout == "transposed" else (3, 4, 6))
-    b = b.astype(np.float32)
-    device_a, device_b = backend.to_device(a, "cuda"), backend.to_device(b, "cuda")
-    if layout == "transposed":
-        device_b, b = device_b.swapaxes(-1, -2), b.swapaxes(-1, -2)
-    if layout == "broadcast":
-        device_b, b = device_b[0], b[0]
-    result = products.matmul(device_a, device_b)
-    np.testing.assert_allclose(backend.as_numpy(result), a @ b, rtol=1e-5, atol=1e-5)
-
-
 def test_a_training_step_on_the_gpu_matches_the_host():
     from bigdl_py import nn
     from bigdl_py.optim import SGD

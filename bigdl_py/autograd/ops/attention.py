@@ -15,9 +15,8 @@ import math
 
 from bigdl_py import backend, kernels
 from bigdl_py.autograd.function import Function
-from bigdl_py.autograd.ops import conv_tiles
+from bigdl_py.autograd.ops import conv_tiles, cublas
 from bigdl_py.autograd.ops.misc import _keep_mask
-from bigdl_py.kernels import products
 from bigdl_py.kernels import softmax as fused_softmax
 
 __all__ = ["scaled_dot_product_attention"]
@@ -47,7 +46,7 @@ class ScaledDotProductAttention(Function):
 
         def run(part):
             tile = weights[part]
-            _product(query[part] * self.scale, xp.swapaxes(key[part], -1, -2), tile, fused)
+            cublas.matmul(query[part] * self.scale, xp.swapaxes(key[part], -1, -2), out=tile)
             if mask is not None:
                 tile += mask[part]
             if not tile.shape[-1]:  # no keys: empty weights, a zero output (PyTorch's)
@@ -61,7 +60,7 @@ class ScaledDotProductAttention(Function):
             if keep is not None:
                 tile = tile * keep[part]
                 tile *= self.dropout_scale
-            _product(tile, value[part], output[part], fused)
+            cublas.matmul(tile, value[part], out=output[part])
 
         _for_each_tile(weights, run)
         self.save_for_backward(query, key, value, weights, keep)
@@ -83,9 +82,9 @@ class ScaledDotProductAttention(Function):
             tile, tile_grad = weights[part], grad[part]
             if needs_value:
                 dropped = tile if keep is None else tile * keep[part] * self.dropout_scale
-                _product(xp.swapaxes(dropped, -1, -2), tile_grad, grad_value[part], fused)
+                cublas.matmul(xp.swapaxes(dropped, -1, -2), tile_grad, out=grad_value[part])
             # d(loss)/d(dropped weights)
-            grad_scores = _product(tile_grad, xp.swapaxes(value[part], -1, -2), None, fused)
+            grad_scores = cublas.matmul(tile_grad, xp.swapaxes(value[part], -1, -2))
             if keep is not None:
                 grad_scores *= keep[part]
                 grad_scores *= self.dropout_scale
@@ -95,23 +94,14 @@ class ScaledDotProductAttention(Function):
                 grad_scores -= (grad_scores * tile).sum(axis=-1, keepdims=True)
                 grad_scores *= tile
             if needs_query:
-                _product(grad_scores, key[part], grad_query[part], fused)
+                cublas.matmul(grad_scores, key[part], out=grad_query[part])
                 grad_query[part] *= self.scale
             if needs_key:
-                _product(xp.swapaxes(grad_scores, -1, -2), query[part], grad_key[part], fused)
+                cublas.matmul(xp.swapaxes(grad_scores, -1, -2), query[part], out=grad_key[part])
                 grad_key[part] *= self.scale
 
         _for_each_tile(weights, run)
         return grad_query, grad_key, grad_value
-
-
-def _product(a, b, out, fused: bool):
-    """``a @ b`` (into ``out`` when given); on a device one strided-batched GEMM that reads
-    the transposed and broadcast operands as they are (``kernels.products``)."""
-    if fused:
-        return products.matmul(a, b, out=out)
-    xp = backend.array_module(a)
-    return xp.matmul(a, b) if out is None else xp.matmul(a, b, out=out)
 
 
 def _for_each_tile(weights, work) -> None:

@@ -1,4 +1,5 @@
-"""Matrix products on the GPU through a cuBLAS handle of our own (``ctypes``).
+"""Matrix products on the GPU through a cuBLAS handle of our own (``ctypes``): the one route
+of the package's device products (``matmul``, ``Linear``, attention).
 
 Why: CuPy's ``matmul`` goes through CuPy's cuBLAS wrappers, which bind their handle to the
 current stream on every call; ``cublasSetStream`` drops the handle's workspace back to
@@ -9,11 +10,17 @@ when the stream changes, so once a warm-up step has run on the capture stream ev
 in the step can be captured. Products also skip CuPy's operand copies: a transposed operand
 (``weight.T`` in ``Linear``, the ``swapaxes`` of the gradients) is passed as a transpose
 flag with its leading dimension, and a stack of matrices (``matmul`` of 3-d and broadcast
-operands) is one strided-batched call, a broadcast operand having batch stride 0.
+operands, attention's heads) is one strided-batched call, a broadcast operand having batch
+stride 0; a result can be written into a given C-contiguous ``out``.
 
 cuBLAS is column-major and our arrays row-major, so ``C = A @ B`` runs as cuBLAS's
 ``C^T = B^T @ A^T``: the row-major ``(R, C)`` matrix is the column-major ``(C, R)`` one
-with the same leading dimension (:func:`column_major_operand`, :func:`product_call`).
+with the same leading dimension. One function works the call out from the operands'
+shapes and strides alone, :func:`product_call`; :func:`matmul` runs it on our handle
+(:func:`run`) or, on the strict test device (``bigdl_py.strict_device``), through its NumPy
+model (:func:`run_model`), which reads the operands' memory as the call's arguments say. So
+the tests without a GPU run every device product through the arguments a GPU would get, and
+a layout the route declines is declined there too.
 
 TF32: float32 products take ``CUBLAS_COMPUTE_32F_FAST_TF32`` when
 ``backend.allow_tf32(matmul=True)`` (off by default, as PyTorch's
@@ -25,9 +32,11 @@ in float64.
 The library (``cuda_libraries``): ``BIGDL_PY_CUBLAS_LIBRARY``, then ``nvidia-cublas-cu12``
 (``nvidia/cublas/lib/libcublas.so.12``) or CUDA 13's ``nvidia-cublas``
 (``nvidia/cu13/lib/libcublas.so.13``), then the system or the copy CuPy loaded; its major
-version is CuPy's CUDA's. ``BIGDL_PY_CUBLAS=0`` turns the route off. Products it does not
-take (no library, integer or mixed dtypes, 1-d operands, empty or int32-overflowing sizes,
-operands no leading dimension describes, a batch of no single stride) run on CuPy's matmul.
+version is CuPy's CUDA's. ``BIGDL_PY_CUBLAS=0`` turns the route off (on the strict device
+too). Products it does not take (no library, host arrays, integer or mixed dtypes, 1-d
+operands, empty or int32-overflowing sizes, operands no leading dimension describes, a
+batch of no single stride, an ``out`` that is not a C-contiguous array of the result's shape
+and dtype) run on the arrays' own ``matmul`` (CuPy's, the strict device's, NumPy's).
 """
 
 from __future__ import annotations
@@ -166,11 +175,14 @@ def loaded() -> _Library | None:
     return library  # without it CuPy's matmul (which needs cuBLAS too) runs every product
 
 
+def enabled() -> bool:
+    """Whether ``BIGDL_PY_CUBLAS`` leaves the route on (anything but 0/false/no/off)."""
+    return os.environ.get(SWITCH_VARIABLE, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
 def available() -> bool:
-    """Whether the route may run: ``BIGDL_PY_CUBLAS`` is not 0 and the library loads."""
-    if os.environ.get(SWITCH_VARIABLE, "1").strip().lower() in ("0", "false", "no", "off"):
-        return False
-    return loaded() is not None
+    """Whether the route may run on a GPU: it is enabled and the library loads."""
+    return enabled() and loaded() is not None
 
 
 # --- the call, worked out on shapes and strides alone ------------------------------------------
@@ -296,20 +308,64 @@ def compute_type(dtype) -> int:
     return _TYPES[dtype][1]
 
 
-def matmul(a, b):
-    """``a @ b`` of CuPy arrays (NumPy's rules) on our handle, or CuPy's ``matmul`` where
-    the route does not take the product (see the module)."""
-    xp = backend.array_module(a)
-    dtype = np.dtype(a.dtype)
+def matmul(a, b, out=None):
+    """``a @ b`` with NumPy's rules: one cuBLAS call on our handle for CuPy arrays, its NumPy
+    model on the strict device, the arrays' own ``matmul`` for host arrays and where the
+    route declines the product (see the module).
+
+    Parameters
+    ----------
+    a, b : array
+        The operands, on one device: matrices or stacks of them (batch axes broadcast), or
+        vectors (which the route leaves to the device's ``matmul``).
+    out : array, optional
+        Where to write the result; the route takes it when it is a C-contiguous array of
+        the result's shape and dtype on the operands' device. It must not overlap ``a`` or
+        ``b`` (cuBLAS reads and writes at once).
+
+    Returns
+    -------
+    array
+        ``out`` when given, otherwise a new C-contiguous array.
+    """
+    runner = _runner(a, b)
     call = None
-    if dtype in _TYPES and b.dtype == dtype and available():
-        call = product_call(a.shape, a.strides, b.shape, b.strides, dtype.itemsize)
-    if call is None:
-        return xp.matmul(a, b)
-    batch_shape = tuple(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
-    out = xp.empty(batch_shape + (a.shape[-2], b.shape[-1]), dtype=dtype)
-    run(call, a, b, out)
-    return out
+    if runner is not None:
+        call = product_call(a.shape, a.strides, b.shape, b.strides, a.dtype.itemsize)
+    xp = backend.array_module(a)
+    if call is not None:
+        shape = tuple(np.broadcast_shapes(a.shape[:-2], b.shape[:-2])) + (a.shape[-2], b.shape[-1])
+        if out is None:
+            out = xp.empty(shape, dtype=a.dtype)
+        if _is_result_buffer(out, a, shape):
+            runner(call, a, b, out)
+            return out
+    return xp.matmul(a, b) if out is None else xp.matmul(a, b, out=out)
+
+
+def _runner(a, b):
+    """What runs a product of ``a`` and ``b`` on the route: :func:`run` for CuPy arrays,
+    the strict device's model for its arrays; None where the route does not apply."""
+    if type(a) is not type(b) or not backend.is_device_array(a):
+        return None
+    if a.dtype not in _TYPES or b.dtype != a.dtype or not enabled():
+        return None
+    if backend.is_cupy_array(a):
+        return run if loaded() is not None else None
+    return _run_on_strict_device
+
+
+def _is_result_buffer(out, a, shape) -> bool:
+    """Whether cuBLAS can write the result of ``a @ b`` into ``out``: an array of ``a``'s
+    kind on ``a``'s device, of ``shape`` and ``a``'s dtype, C-contiguous (the call's result
+    leading dimension and stride are the C-contiguous ones)."""
+    return (
+        type(out) is type(a)
+        and out.shape == shape
+        and out.dtype == a.dtype
+        and out.flags.c_contiguous
+        and backend.device_of(out) == backend.device_of(a)
+    )
 
 
 def run(call: ProductCall, a, b, out) -> None:
@@ -358,3 +414,63 @@ def run(call: ProductCall, a, b, out) -> None:
         compute_type(out.dtype),
         CUBLAS_GEMM_DEFAULT,
     )
+
+
+# --- the strict device's model of the call ------------------------------------------------------
+
+
+def _run_on_strict_device(call: ProductCall, a, b, out) -> None:
+    """:func:`run_model` on the memory behind strict-device arrays, as the device would run
+    the call (recorded like any kernel while a step graph is captured)."""
+    from bigdl_py.strict_device import run_on_device  # the test device: loaded only when used
+
+    run_on_device(functools.partial(run_model, call), a, b, out)
+
+
+def run_model(call: ProductCall, a, b, out) -> None:
+    """What cuBLAS computes for ``call``, with NumPy, on host arrays standing for the device
+    memory at ``a``, ``b`` and ``out`` (the strict device's stand-in for :func:`run`).
+
+    Each operand is read from its first element as the call's arguments describe it
+    (transpose flag, leading dimension, batch stride), not as the array's own shape and
+    strides do: an argument a GPU would misread gives a wrong product here too. A call that
+    would reach past an operand's memory raises :class:`CublasError` instead of reading it.
+    """
+    # cuBLAS's column-major C (m x n) = op(A) op(B) is our row-major (n x m) result, with
+    # A our b and B our a; each operand is read as our row-major matrices, op(X) transposed.
+    batch = call.batch
+    left = _matrices(
+        a, "a", call.a_operation, call.a_leading, call.a_stride, (batch, call.n, call.k)
+    )
+    right = _matrices(
+        b, "b", call.b_operation, call.b_leading, call.b_stride, (batch, call.k, call.m)
+    )
+    result_steps = (call.result_stride, call.result_leading, 1)
+    result = _strided_view(out, "out", (batch, call.n, call.m), result_steps, writeable=True)
+    np.matmul(left, right, out=result)
+
+
+def _matrices(memory, name: str, operation: int, leading: int, stride: int, shape: tuple):
+    """The row-major matrices ``(batch, rows, columns)`` that cuBLAS reads at ``memory``
+    as the transpose of its column-major operand ``op(X)``: element ``(i, l)`` of ``op(X)``
+    is ``X[i + l * leading]`` without a transpose, ``X[l + i * leading]`` with one."""
+    steps = (stride, leading, 1) if operation == CUBLAS_OP_N else (stride, 1, leading)
+    return _strided_view(memory, name, shape, steps)
+
+
+def _strided_view(memory, name: str, shape: tuple, steps: tuple, writeable: bool = False):
+    """``memory`` read from its first element with element ``steps`` along ``shape``;
+    CublasError when that reaches past the last element ``memory`` holds."""
+    own_reach = 0
+    for size, stride in zip(memory.shape, memory.strides, strict=True):
+        if stride < 0:
+            raise CublasError(f"cuBLAS model: {name} has a negative stride {memory.strides}")
+        own_reach += (size - 1) * stride // memory.itemsize
+    reach = sum((size - 1) * step for size, step in zip(shape, steps, strict=True))
+    if min(steps) < 0 or reach > own_reach:
+        raise CublasError(
+            f"cuBLAS model: the call reads {name} {shape} with element steps {steps}, up to "
+            f"element {reach}, past the last one of {name} {memory.shape} (element {own_reach})"
+        )
+    byte_steps = tuple(step * memory.itemsize for step in steps)
+    return np.lib.stride_tricks.as_strided(memory, shape, byte_steps, writeable=writeable)

@@ -7,9 +7,10 @@ GEMM and takes a core from the tiles of the ops that come next (``conv_tiles`` g
 numbers). 2-d products (``Linear``'s three, a 2-d ``matmul``) are split along the longer
 side of the result, stacks of matrices along their leading axis.
 
-On the GPU every product here goes to ``cublas.py``: a cuBLAS handle of our own that a
-CUDA graph can capture, transposed operands passed as flags instead of copies, stacks as
-one strided-batched call (CuPy's ``matmul`` where that route declines).
+On a device every product here goes to ``cublas.matmul``: on the GPU a cuBLAS handle of our
+own that a CUDA graph can capture, transposed operands passed as flags instead of copies,
+stacks as one strided-batched call; on the strict test device the NumPy model of the same
+call; the device's ``matmul`` where that route declines.
 
 One exception: in a process whose ops have shared no tiles among threads for a second
 (``conv_tiles.tiles_shared_recently``), a 2-d product goes to BLAS at its own thread limit,
@@ -29,7 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from bigdl_py import backend, kernels
+from bigdl_py import backend
 from bigdl_py.autograd.function import Function
 from bigdl_py.autograd.ops import cublas
 from bigdl_py.autograd.ops.conv_tiles import (
@@ -38,7 +39,6 @@ from bigdl_py.autograd.ops.conv_tiles import (
     tiles_shared_recently,
     worker_count,
 )
-from bigdl_py.kernels import products
 
 # Multiply-adds below which a product runs whole on the calling thread: handing out its
 # parts costs ~0.1 ms, about what one thread takes for a product of this size.
@@ -64,9 +64,9 @@ def matmul_2d(a, b):
         # An outer product, as a one-output Linear's input gradient is: OpenBLAS's GEMM
         # takes 38 us for (1024, 1) @ (1, 32), the broadcast product 15 us (one thread).
         return a * b
-    if backend.is_cupy_array(a):
-        return cublas.matmul(a, b)  # our cuBLAS handle, or CuPy's matmul where it declines
-    workers = 1 if backend.is_device_array(a) else worker_count()
+    if backend.is_device_array(a):
+        return cublas.matmul(a, b)  # our cuBLAS handle, or the device's matmul where it declines
+    workers = worker_count()
     if workers == 1 or rows == 0 or columns == 0:
         return a @ b
     if _runs_on_one_blas_thread(rows * columns * inner) or not tiles_shared_recently():
@@ -94,13 +94,10 @@ def matmul_any(a, b):
     """``a @ b`` with NumPy's rules, on the CPU on the tile threads (see the module)."""
     if a.ndim == 2 and b.ndim == 2:
         return matmul_2d(a, b)
-    if backend.is_cupy_array(a):
+    if backend.is_device_array(a):
         return cublas.matmul(a, b)  # stacks as one strided-batched call where it can
-    if a.ndim >= 2 and b.ndim >= 2 and kernels.route(a, b) is not None:
-        # The strict device: the strided-batched call's NumPy model, operands uncopied.
-        return products.matmul(a, b)
     xp = backend.array_module(a)
-    workers = 1 if backend.is_device_array(a) else worker_count()
+    workers = worker_count()
     if workers == 1 or a.size == 0 or b.size == 0:
         return xp.matmul(a, b)
     if a.ndim == 1 or b.ndim == 1:  # a matrix-vector product: one tile, BLAS held to one thread

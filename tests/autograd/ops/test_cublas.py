@@ -1,22 +1,33 @@
-"""GPU products through our cuBLAS handle (``bigdl_py.autograd.ops.cublas``).
+"""Device products through one route, our cuBLAS handle (``bigdl_py.autograd.ops.cublas``).
 
 Without a GPU: the call worked out from shapes and strides (transposes as flags, leading
-dimensions, one strided-batched call for stacks and broadcasts) is run by a NumPy model of
-cuBLAS's column-major GEMM on the operands' own memory, and must give ``a @ b``; the
-products it must leave to CuPy; the TF32 compute type; the workspace size.
+dimensions, one strided-batched call for stacks and broadcasts) is run by a NumPy rendering
+of cuBLAS's documented column-major GEMM on the operands' own memory, and must give
+``a @ b`` for every layout the ops pass; the products it must leave to the device's
+``matmul``; the TF32 compute type; the workspace size. On the strict device every device
+product runs the package's model of that same call: checked to read memory as the call's
+arguments say (and to refuse a call reaching past an operand), into ``out`` buffers,
+declined where the GPU route declines, recorded in an emulated graph, and carrying the
+products of ``matmul``, ``Linear`` and attention to the host's results.
 
-With a GPU (``gpu``): against CuPy's matmul and NumPy, the route checked to have run, the
-layers' products on it, and a product captured in a CUDA graph.
+With a GPU (``gpu``): against CuPy's matmul and NumPy, the route checked to have run, into
+``out``, the layers' and attention's products on it, and a product captured in a CUDA graph.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import math
+
 import numpy as np
 import pytest
 
-from bigdl_py import backend
+from bigdl_py import backend, device_waits
+from bigdl_py.autograd import Tensor, ops
 from bigdl_py.autograd.ops import cublas
 from bigdl_py.autograd.ops.cublas import CUBLAS_OP_N, CUBLAS_OP_T, ColumnMajorOperand
+from bigdl_py.step_graph import StepGraph
 
 
 def test_column_major_operands():
@@ -42,8 +53,10 @@ def test_batch_strides():
 
 
 def simulate(call, a_memory, a_start, b_memory, b_start, out_shape):
-    """cuBLAS's strided-batched GEMM (column-major, ``C = op(A) @ op(B)``, our ``b`` as
-    its A, our ``a`` as its B) on flat memory, returned as our row-major result."""
+    """cuBLAS's strided-batched GEMM as its documentation states it (column-major,
+    ``C = op(A) @ op(B)``, our ``b`` as its A, our ``a`` as its B), element by element on
+    flat memory, returned as our row-major result. Written apart from the package's own
+    model (``cublas.run_model``), so that the two check each other."""
 
     def matrix(memory, start, operation, leading, rows, columns):
         # element (r, c) of op(X), X stored column-major with leading dimension `leading`
@@ -51,7 +64,7 @@ def simulate(call, a_memory, a_start, b_memory, b_start, out_shape):
         index = start + (r + c * leading if operation == CUBLAS_OP_N else c + r * leading)
         return memory[index]
 
-    out = np.empty((call.batch, call.n, call.m))
+    out = np.empty((call.batch, call.n, call.m), dtype=a_memory.dtype)
     for item in range(call.batch):
         first = matrix(
             b_memory, b_start + item * call.b_stride, call.b_operation, call.b_leading,
@@ -73,30 +86,75 @@ def _view(memory, make):
     return view, (view.__array_interface__["data"][0] - memory.ctypes.data) // memory.itemsize
 
 
-def _memory(size):
-    return np.random.default_rng(size).standard_normal(size)
+A_MEMORY, B_MEMORY = 300, 400  # elements: enough for every case below
 
 
+def _memory(size, dtype=np.float64):
+    return np.random.default_rng(size).standard_normal(size).astype(dtype)
+
+
+def _stack(memory, shape, layout):
+    """A view of ``memory`` of ``shape`` from its first element: ``"c"`` row-major, ``"t"``
+    each matrix column-major (a swapaxes view), ``"b"`` one matrix broadcast over the
+    leading axes, ``"p"`` row-major with padded rows (a slice of wider rows)."""
+    *lead, rows, columns = shape
+    count = math.prod(lead)
+    if layout == "c":
+        return memory[: count * rows * columns].reshape(shape)
+    if layout == "t":
+        return memory[: count * rows * columns].reshape(*lead, columns, rows).swapaxes(-1, -2)
+    if layout == "b":
+        return backend.array_module(memory).broadcast_to(
+            memory[: rows * columns].reshape(rows, columns), shape
+        )
+    return memory[: count * rows * (columns + 3)].reshape(*lead, rows, columns + 3)[..., :columns]
+
+
+def _layout_case(lead, layout_a, layout_b):
+    return (
+        lambda m: _stack(m, (*lead, 5, 4), layout_a),
+        lambda m: _stack(m, (*lead, 4, 6), layout_b),
+    )
+
+
+# Every pair of layouts, as 2-d matrices and as stacks with one and two batch axes (what
+# matmul, Linear and attention pass: transposed views, broadcast keys, padded slices) ...
 OPERAND_CASES = {
-    "plain": (lambda m: m[:12].reshape(3, 4), lambda m: m[:20].reshape(4, 5)),
-    "transposed": (lambda m: m[:12].reshape(4, 3).T, lambda m: m[:20].reshape(5, 4).T),
-    "row_padded": (lambda m: m[:21].reshape(3, 7)[:, 2:6], lambda m: m[5:29].reshape(4, 6)[:, :5]),
-    "batched": (lambda m: m[:24].reshape(2, 3, 4), lambda m: m[:40].reshape(2, 4, 5)),
-    "batched_transposed": (
-        lambda m: m[:24].reshape(2, 4, 3).swapaxes(1, 2),
-        lambda m: m[:40].reshape(2, 5, 4).swapaxes(1, 2),
-    ),
-    "broadcast_left": (lambda m: m[:12].reshape(3, 4), lambda m: m[:120].reshape(2, 3, 4, 5)),
-    "broadcast_right": (lambda m: m[:72].reshape(2, 3, 3, 4), lambda m: m[:20].reshape(4, 5)),
-    "size_one_batch": (lambda m: m[:24].reshape(1, 2, 3, 4), lambda m: m[:40].reshape(2, 4, 5)),
-    "one_row": (lambda m: m[:4].reshape(1, 4), lambda m: m[:20].reshape(4, 5)),
+    f"{'x'.join(map(str, lead)) or 'matrix'}-{layout_a}{layout_b}": _layout_case(
+        lead, layout_a, layout_b
+    )
+    for lead in ((), (3,), (2, 4))
+    for layout_a in ("ctp" if not lead else "ctbp")
+    for layout_b in ("ctp" if not lead else "ctbp")
 }
+# ... and operands of different ranks, size-one batch axes, single rows and columns.
+OPERAND_CASES.update(
+    {
+        "broadcast_left": (lambda m: m[:12].reshape(3, 4), lambda m: m[:120].reshape(2, 3, 4, 5)),
+        "broadcast_right": (lambda m: m[:72].reshape(2, 3, 3, 4), lambda m: m[:20].reshape(4, 5)),
+        "size_one_batch": (
+            lambda m: m[:24].reshape(1, 2, 3, 4),
+            lambda m: m[:40].reshape(2, 4, 5),
+        ),
+        "one_row": (lambda m: m[:4].reshape(1, 4), lambda m: m[:20].reshape(4, 5)),
+        "one_column": (lambda m: m[:12].reshape(3, 4), lambda m: m[:4].reshape(4, 1)),
+        # views that start past their memory's first element (attention's tiles do)
+        "offset_padded": (
+            lambda m: m[:21].reshape(3, 7)[:, 2:6],
+            lambda m: m[5:29].reshape(4, 6)[:, :5],
+        ),
+        "offset_stacks": (
+            lambda m: m[7:55].reshape(4, 3, 4)[2:],
+            lambda m: m[3:83].reshape(2, 4, 10)[..., 4:9],
+        ),
+    }
+)
 
 
 @pytest.mark.parametrize("case", OPERAND_CASES)
 def test_the_call_computes_the_product_in_place(case):
     make_a, make_b = OPERAND_CASES[case]
-    a_memory, b_memory = _memory(200), _memory(300)
+    a_memory, b_memory = _memory(A_MEMORY), _memory(B_MEMORY)
     a, a_start = _view(a_memory, make_a)
     b, b_start = _view(b_memory, make_b)
     call = cublas.product_call(a.shape, a.strides, b.shape, b.strides, 8)
@@ -115,19 +173,29 @@ def test_transposes_are_flags_not_copies():
     assert (call.m, call.n, call.k, call.batch) == (5, 6, 4, 1)
 
 
-@pytest.mark.parametrize(
-    ("a", "b"),
-    [
-        (np.ones(4), np.ones((4, 3))),  # 1-d: CuPy's rules for vectors
-        (np.ones((0, 4)), np.ones((4, 3))),
-        (np.ones((3, 4)), np.ones((5, 3))),  # inner sizes differ: CuPy raises its error
-        (np.ones((6, 8))[::2, ::2], np.ones((4, 3))),
-        (np.ones((2, 3, 4))[:, ::-1], np.ones((4, 3))),
-        (np.ones((2, 1, 3, 4)), np.ones((1, 3, 4, 5))),  # broadcast inside the batch
-        (np.ones((2, 3, 4)), np.ones((5, 4, 2))),  # batch shapes do not broadcast
-    ],
-)
-def test_products_left_to_cupy(a, b):
+# Products the route leaves to the device's matmul, made with an array module (NumPy's or
+# the strict device's) so that the device's operands have the same layout.
+DECLINED = {
+    "vector": lambda xp: (xp.ones(4), xp.ones((4, 3))),  # 1-d: the device's rules for vectors
+    "empty": lambda xp: (xp.ones((0, 4)), xp.ones((4, 3))),
+    "every_other": lambda xp: (xp.ones((6, 8))[::2, ::2], xp.ones((4, 3))),  # no major order
+    "every_other_stack": lambda xp: (xp.ones((3, 8, 4))[:, ::2, ::2], xp.ones((3, 2, 5))),
+    "reversed": lambda xp: (xp.ones((2, 3, 4))[:, ::-1], xp.ones((4, 3))),
+    "inner_broadcast": lambda xp: (xp.ones((2, 1, 3, 4)), xp.ones((1, 3, 4, 5))),
+    "inner_broadcast_view": lambda xp: (
+        xp.broadcast_to(xp.ones((2, 1, 4, 5)), (2, 3, 4, 5)),
+        xp.ones((2, 3, 5, 6)),
+    ),
+}
+MISMATCHED = {  # no product at all: the device's matmul raises its error
+    "inner_sizes_differ": lambda xp: (xp.ones((3, 4)), xp.ones((5, 3))),
+    "batches_do_not_broadcast": lambda xp: (xp.ones((2, 3, 4)), xp.ones((5, 4, 2))),
+}
+
+
+@pytest.mark.parametrize("case", [*DECLINED, *MISMATCHED])
+def test_products_left_to_the_devices_matmul(case):
+    a, b = {**DECLINED, **MISMATCHED}[case](np)
     assert cublas.product_call(a.shape, a.strides, b.shape, b.strides, 8) is None
 
 
@@ -146,27 +214,203 @@ def test_workspace_is_cublas_recommended_size():
     assert cublas.workspace_bytes(8) == 4 << 20
 
 
-@pytest.mark.parametrize("case", ["batched", "broadcast_left", "plain"])
-def test_matmul_allocates_the_result_and_falls_back(monkeypatch, case):
-    """``cublas.matmul``'s own work (dtype checks, the result's shape) on host arrays, its
-    call run by the NumPy model; and CuPy's (here NumPy's) matmul when unavailable."""
+# --- on the strict device: the model of the call ----------------------------------------------
+
+
+def _calls_of(monkeypatch, runner: str) -> list:
+    """The calls ``cublas.<runner>`` runs from now on, the route switched on."""
+    monkeypatch.delenv(cublas.SWITCH_VARIABLE, raising=False)
+    runs = []
+    real = getattr(cublas, runner)
+
+    def counted(call, *arrays):
+        runs.append(call)
+        return real(call, *arrays)
+
+    monkeypatch.setattr(cublas, runner, counted)
+    return runs
+
+
+@pytest.fixture
+def model_runs(monkeypatch):
+    """Every call the strict device's model ran."""
+    return _calls_of(monkeypatch, "run_model")
+
+
+TOLERANCE = {"float64": 1e-12, "float32": 1e-5, "float16": 2e-2}
+
+
+@pytest.mark.parametrize("case", OPERAND_CASES)
+@pytest.mark.parametrize("dtype", ["float64", "float32", "float16"])
+def test_the_strict_device_runs_the_model_of_the_call(model_runs, case, dtype):
     make_a, make_b = OPERAND_CASES[case]
-    a_memory, b_memory = _memory(200), _memory(300)
-    a, a_start = _view(a_memory, make_a)
-    b, b_start = _view(b_memory, make_b)
+    a_memory, b_memory = _memory(A_MEMORY, dtype), _memory(B_MEMORY, dtype)
+    a = make_a(backend.to_device(a_memory, "strict"))
+    b = make_b(backend.to_device(b_memory, "strict"))
+    with device_waits.no_device_waits():
+        got = cublas.matmul(a, b)
+    assert len(model_runs) == 1
+    want = make_a(a_memory).astype(np.float64) @ make_b(b_memory).astype(np.float64)
+    assert got.dtype == dtype and got.flags.c_contiguous
+    tolerance = TOLERANCE[dtype]
+    np.testing.assert_allclose(backend.as_numpy(got), want, rtol=tolerance, atol=tolerance)
 
-    def run(call, left, right, out):
-        assert left is a and right is b and out.flags.c_contiguous
-        out[...] = simulate(call, a_memory, a_start, b_memory, b_start, out.shape)
 
-    monkeypatch.setattr(cublas, "available", lambda: True)
-    monkeypatch.setattr(cublas, "run", run)
-    np.testing.assert_allclose(cublas.matmul(a, b), a @ b, rtol=1e-12)
-    monkeypatch.setattr(cublas, "run", lambda *args: pytest.fail("the route ran"))
-    integers = a.astype(np.int64), b.astype(np.int64)
-    np.testing.assert_array_equal(cublas.matmul(*integers), integers[0] @ integers[1])
-    monkeypatch.setattr(cublas, "available", lambda: False)
-    np.testing.assert_allclose(cublas.matmul(a, b), a @ b, rtol=1e-12)
+def test_the_model_reads_memory_as_the_call_says():
+    """A wrong argument gives a wrong product (the model does not just multiply the arrays
+    it is given), and one that would read past an operand's memory is refused."""
+    a = _memory(A_MEMORY)[:12].reshape(3, 4)
+    b = _memory(B_MEMORY)[:20].reshape(5, 4).T  # read transposed, in place
+    call = cublas.product_call(a.shape, a.strides, b.shape, b.strides, 8)
+    out = np.empty((3, 5))
+    cublas.run_model(call, a, b, out)
+    np.testing.assert_allclose(out, a @ b, rtol=1e-12)
+    flag_lost = dataclasses.replace(call, b_operation=CUBLAS_OP_N, b_leading=5)
+    cublas.run_model(flag_lost, a, b, out)
+    assert not np.allclose(out, a @ b)
+    with pytest.raises(cublas.CublasError, match=r"reads b .* past the last one of b"):
+        cublas.run_model(dataclasses.replace(call, b_leading=5), a, b, out)
+    with pytest.raises(cublas.CublasError, match="past the last one of a"):
+        cublas.run_model(dataclasses.replace(call, batch=2, a_stride=12), a, b, out)
+
+
+def test_a_product_is_written_into_out(model_runs):
+    rng = np.random.default_rng(8)
+    a, b = rng.standard_normal((2, 3, 4)), rng.standard_normal((4, 5))
+    a_strict, b_strict = backend.to_device(a, "strict"), backend.to_device(b, "strict")
+    out = backend.to_device(np.zeros((2, 3, 5)), "strict")
+    assert cublas.matmul(a_strict, b_strict, out=out) is out
+    assert len(model_runs) == 1
+    np.testing.assert_allclose(out.get(), a @ b, rtol=1e-12)
+    # a C-contiguous part of a larger buffer (attention's tiles): only that part is written
+    buffer = backend.to_device(np.zeros((4, 3, 5)), "strict")
+    assert cublas.matmul(a_strict, b_strict, out=buffer[1:3]) is not None
+    assert len(model_runs) == 2
+    np.testing.assert_allclose(buffer.get()[1:3], a @ b, rtol=1e-12)
+    assert not buffer.get()[[0, 3]].any()
+    # an out cuBLAS cannot write (not C-contiguous): the device's matmul fills it
+    transposed_out = backend.to_device(np.zeros((2, 5, 3)), "strict").swapaxes(-1, -2)
+    assert cublas.matmul(a_strict, b_strict, out=transposed_out) is transposed_out
+    assert len(model_runs) == 2
+    np.testing.assert_allclose(transposed_out.get(), a @ b, rtol=1e-12)
+
+
+@pytest.mark.parametrize("case", DECLINED)
+def test_layouts_the_route_declines_are_declined_on_the_strict_device(model_runs, case):
+    a, b = DECLINED[case](backend.STRICT.xp)
+    got = cublas.matmul(a, b)
+    np.testing.assert_array_equal(got.get(), a.get() @ b.get())
+    assert not model_runs
+
+
+@pytest.mark.parametrize("case", MISMATCHED)
+def test_a_product_that_does_not_exist_gets_the_devices_error(model_runs, case):
+    with pytest.raises(ValueError):
+        cublas.matmul(*MISMATCHED[case](backend.STRICT.xp))
+    assert not model_runs
+
+
+@pytest.mark.parametrize(
+    ("a_dtype", "b_dtype"), [(np.int64, np.int64), (np.float32, np.float64)], ids=str
+)
+def test_dtypes_cublas_does_not_take_run_on_the_devices_matmul(model_runs, a_dtype, b_dtype):
+    rng = np.random.default_rng(9)
+    a, b = rng.standard_normal((3, 4)).astype(a_dtype), rng.standard_normal((4, 5)).astype(b_dtype)
+    got = cublas.matmul(backend.to_device(a, "strict"), backend.to_device(b, "strict"))
+    assert got.dtype == (a @ b).dtype
+    np.testing.assert_allclose(got.get(), a @ b, rtol=1e-6)
+    assert not model_runs
+
+
+def test_the_switch_turns_the_route_off_on_the_strict_device_too(model_runs, monkeypatch):
+    monkeypatch.setenv(cublas.SWITCH_VARIABLE, "0")
+    rng = np.random.default_rng(9)
+    a, b = rng.standard_normal((3, 4)), rng.standard_normal((4, 5))
+    got = cublas.matmul(backend.to_device(a, "strict"), backend.to_device(b, "strict"))
+    np.testing.assert_allclose(got.get(), a @ b, rtol=1e-12)
+    assert not model_runs
+    assert not cublas.available()
+
+
+def test_host_arrays_multiply_on_numpy(model_runs):
+    rng = np.random.default_rng(9)
+    a, b = rng.standard_normal((2, 3, 4)), rng.standard_normal((4, 5))
+    np.testing.assert_array_equal(cublas.matmul(a, b), a @ b)
+    out = np.empty((2, 3, 5))
+    assert cublas.matmul(a, b, out=out) is out
+    np.testing.assert_array_equal(out, a @ b)
+    assert not model_runs
+
+
+def test_a_product_captured_in_an_emulated_graph_reads_its_buffers_anew(model_runs):
+    """The model runs as a kernel of the strict device: recorded during a capture and run
+    again, on the same memory, by each replay."""
+    weight = backend.to_device(np.random.default_rng(10).standard_normal((5, 4)), "strict")
+    out = backend.to_device(np.zeros((2, 3, 5)), "strict")
+
+    def step(batch):
+        return cublas.matmul(batch, weight.T, out=out)
+
+    graph = StepGraph("strict", enabled=True)
+    batches = [np.random.default_rng(seed).standard_normal((2, 3, 4)) for seed in range(4)]
+    for batch in batches:
+        np.testing.assert_allclose(graph.run(step, [batch]).get(), batch @ weight.get().T)
+    assert graph.counts == {"captured": 1, "replayed": 2, "eager": 1}
+    # the eager step, the capture (whose run is the first launch), then each replay reruns
+    # the recorded call
+    assert len(model_runs) == 4
+
+
+def _forward_backward(compute, arrays, device):
+    """``compute(*tensors)`` and the gradients of every input, as host arrays."""
+    tensors = [Tensor(array, requires_grad=True, device=device) for array in arrays]
+    waits = device_waits.no_device_waits() if device == "strict" else contextlib.nullcontext()
+    with waits:
+        output = compute(*tensors)
+        output.backward(Tensor(np.ones(output.shape), device=device))
+    return [output.numpy()] + [tensor.grad.numpy() for tensor in tensors]
+
+
+# -inf forbids a pair; every row attends to its first key at least
+ATTENTION_MASK = np.where(np.random.default_rng(12).random((7, 7)) < 0.2, -np.inf, 0.0)
+ATTENTION_MASK[:, 0] = 0.0
+
+OP_CASES = {
+    # name: (compute, input shapes, products run forward and backward)
+    "matmul_stacks": (ops.matmul, [(2, 3, 5, 4), (4, 6)], 3),
+    # b broadcast over the outer batch axis only: no one batch stride, so the forward and
+    # a's gradient run on the device's matmul; b's gradient (before its sum) on the route
+    "matmul_stacks_declined": (ops.matmul, [(2, 3, 5, 4), (3, 4, 6)], 1),
+    "matmul_2d": (ops.matmul, [(5, 4), (4, 6)], 3),
+    "linear": (lambda x, w, b: ops.linear(x, w, b), [(2, 5, 4), (6, 4), (6,)], 3),
+    "attention": (ops.scaled_dot_product_attention, [(2, 3, 7, 4)] * 3, 6),
+    "attention_masked": (
+        lambda q, k, v: ops.scaled_dot_product_attention(
+            q, k, v, mask=backend.to_device(ATTENTION_MASK, q.device)
+        ),
+        [(2, 3, 7, 4)] * 3,
+        6,
+    ),
+}
+
+
+def _check_the_ops_products(case, device, runs, tolerance):
+    """Run ``OP_CASES[case]`` on the host and on ``device``: the route (whose calls ``runs``
+    lists) ran the case's products, and every output and gradient is the host's."""
+    compute, shapes, products = OP_CASES[case]
+    rng = np.random.default_rng(11)
+    arrays = [rng.standard_normal(shape) for shape in shapes]
+    on_host = _forward_backward(compute, arrays, "cpu")
+    assert not runs
+    on_device = _forward_backward(compute, arrays, device)
+    assert len(runs) == products
+    for host, got in zip(on_host, on_device, strict=True):
+        np.testing.assert_allclose(got, host, rtol=tolerance, atol=tolerance)
+
+
+@pytest.mark.parametrize("case", OP_CASES)
+def test_the_ops_products_run_on_the_model_and_give_the_hosts_results(model_runs, case):
+    _check_the_ops_products(case, "strict", model_runs, 1e-12)
 
 
 # --- on a GPU ----------------------------------------------------------------------------------
@@ -179,18 +423,9 @@ requires_gpu = pytest.mark.skipif(
 @pytest.fixture
 def cublas_runs(monkeypatch):
     """Every product our handle ran (a GPU machine where libcublas does not load fails)."""
-    monkeypatch.delenv(cublas.SWITCH_VARIABLE, raising=False)
     if cublas.loaded() is None:
         pytest.fail("libcublas for CuPy's CUDA does not load: install the gpu extra")
-    runs = []
-    real = cublas.run
-
-    def counted(call, *arrays):
-        runs.append(call)
-        return real(call, *arrays)
-
-    monkeypatch.setattr(cublas, "run", counted)
-    return runs
+    return _calls_of(monkeypatch, "run")
 
 
 @pytest.mark.gpu
@@ -201,15 +436,27 @@ def test_gpu_products_match_cupy_and_numpy(monkeypatch, cublas_runs, case, dtype
     monkeypatch.setattr(backend, "_tf32", {"matmul": False, "cudnn": True})
     cupy = backend.cupy_module()
     make_a, make_b = OPERAND_CASES[case]
-    a_memory = cupy.asarray(_memory(200), dtype=dtype)
-    b_memory = cupy.asarray(_memory(300), dtype=dtype)
+    a_memory = cupy.asarray(_memory(A_MEMORY), dtype=dtype)
+    b_memory = cupy.asarray(_memory(B_MEMORY), dtype=dtype)
     a, b = make_a(a_memory), make_b(b_memory)
     got = cublas.matmul(a, b)
     assert len(cublas_runs) == 1
-    tolerance = {"float64": 1e-12, "float32": 1e-5, "float16": 2e-2}[dtype]
+    tolerance = TOLERANCE[dtype]
     want = a.get().astype(np.float64) @ b.get().astype(np.float64)
     np.testing.assert_allclose(got.get(), want, rtol=tolerance, atol=tolerance)
     np.testing.assert_allclose(got.get(), cupy.matmul(a, b).get(), rtol=tolerance, atol=tolerance)
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_gpu_a_product_is_written_into_out(cublas_runs):
+    cupy = backend.cupy_module()
+    rng = np.random.default_rng(8)
+    a, b = rng.standard_normal((2, 3, 4)), rng.standard_normal((5, 4))
+    out = cupy.zeros((2, 3, 5))
+    assert cublas.matmul(cupy.asarray(a), cupy.asarray(b).T, out=out) is out
+    assert len(cublas_runs) == 1
+    np.testing.assert_allclose(out.get(), a @ b.T, rtol=1e-12)
 
 
 @pytest.mark.gpu
@@ -226,17 +473,9 @@ def test_gpu_tf32_products_stay_close(monkeypatch, cublas_runs):
 
 @pytest.mark.gpu
 @requires_gpu
-def test_gpu_linear_layers_run_on_the_handle(cublas_runs):
-    from bigdl_py import nn
-    from bigdl_py.autograd import Tensor
-
-    layer = nn.Linear(8, 5).to(device="cuda", dtype=np.float64)
-    values = np.random.default_rng(6).standard_normal((4, 8))
-    x = Tensor(backend.cupy_module().asarray(values), requires_grad=True)
-    layer(x).sum().backward()
-    assert len(cublas_runs) == 3  # forward, input gradient, weight gradient
-    weight = layer.weight.numpy()
-    np.testing.assert_allclose(x.grad.numpy(), np.ones((4, 5)) @ weight, rtol=1e-12)
+@pytest.mark.parametrize("case", OP_CASES)
+def test_gpu_the_ops_products_run_on_the_handle(cublas_runs, case):
+    _check_the_ops_products(case, "cuda", cublas_runs, 1e-10)
 
 
 @pytest.mark.gpu
