@@ -1,9 +1,12 @@
 """Matrix products on the GPU through a cuBLAS handle of our own (``ctypes``): the one route
-of the package's device products (``matmul``, ``Linear``, attention).
+of every product the package runs on a device (``matmul``, ``Linear``, attention, the
+convolutions' GEMMs, the recurrences' steps, normalisation's sums, resampling).
 
-Why: CuPy's ``matmul`` goes through CuPy's cuBLAS wrappers, which bind their handle to the
-current stream on every call; ``cublasSetStream`` drops the handle's workspace back to
-cuBLAS's own pool, and allocating from it inside a CUDA-graph capture breaks the capture.
+Why: CuPy's ``matmul`` (and ``dot``, ``tensordot``, ``einsum``) goes through CuPy's cuBLAS
+wrappers, which bind their handle to the current stream on every call and refuse to run
+while a stream is captured (``NotImplementedError``: "calling cuBLAS API during stream
+capture is currently unsupported"); ``cublasSetStream`` also drops the handle's workspace
+back to cuBLAS's own pool, whose allocations a CUDA-graph capture does not allow.
 Our handle (one per device and thread, ``cuda_libraries.StreamHandles``) is given its
 workspace explicitly (``cublasSetWorkspace``) from CuPy's pool and is bound to a stream only
 when the stream changes, so once a warm-up step has run on the capture stream every product
@@ -11,7 +14,8 @@ in the step can be captured. Products also skip CuPy's operand copies: a transpo
 (``weight.T`` in ``Linear``, the ``swapaxes`` of the gradients) is passed as a transpose
 flag with its leading dimension, and a stack of matrices (``matmul`` of 3-d and broadcast
 operands, attention's heads) is one strided-batched call, a broadcast operand having batch
-stride 0; a result can be written into a given C-contiguous ``out``.
+stride 0; a result can be written into a given C-contiguous ``out``; a vector operand is
+the one-row or one-column matrix NumPy makes of it (a view).
 
 cuBLAS is column-major and our arrays row-major, so ``C = A @ B`` runs as cuBLAS's
 ``C^T = B^T @ A^T``: the row-major ``(R, C)`` matrix is the column-major ``(C, R)`` one
@@ -33,10 +37,17 @@ The library (``cuda_libraries``): ``BIGDL_PY_CUBLAS_LIBRARY``, then ``nvidia-cub
 (``nvidia/cublas/lib/libcublas.so.12``) or CUDA 13's ``nvidia-cublas``
 (``nvidia/cu13/lib/libcublas.so.13``), then the system or the copy CuPy loaded; its major
 version is CuPy's CUDA's. ``BIGDL_PY_CUBLAS=0`` turns the route off (on the strict device
-too). Products it does not take (no library, host arrays, integer or mixed dtypes, 1-d
-operands, empty or int32-overflowing sizes, operands no leading dimension describes, a
-batch of no single stride, an ``out`` that is not a C-contiguous array of the result's shape
-and dtype) run on the arrays' own ``matmul`` (CuPy's, the strict device's, NumPy's).
+too). Products it does not take (no library, host arrays, integer or mixed dtypes, empty
+or int32-overflowing sizes, an ``out`` that is not an array of the result's shape and
+dtype on the operands' device) run on the arrays' own ``matmul`` (CuPy's, the strict
+device's, NumPy's); on a device such a product makes a step run eagerly (the strict device
+refuses CuPy's products in a capture as CuPy does). Operands no leading dimension or
+single batch stride describes (attention's heads split from one projection, a broadcast
+inside the batch axes, every other element) are copied C-contiguous first, as CuPy's
+``matmul`` copies them, and an ``out`` that is not C-contiguous receives a copy of the
+result: each one copy kernel, which a graph captures. Ops whose code serves both devices
+pick their product once with :func:`matmul_for`: NumPy's own ``matmul`` on the host, whose
+paths stay as they were.
 """
 
 from __future__ import annotations
@@ -317,11 +328,13 @@ def matmul(a, b, out=None):
     ----------
     a, b : array
         The operands, on one device: matrices or stacks of them (batch axes broadcast), or
-        vectors (which the route leaves to the device's ``matmul``).
+        vectors (``a`` a row, ``b`` a column, as NumPy promotes them; the axis is dropped
+        from the result). An operand whose layout no call describes is copied first.
     out : array, optional
-        Where to write the result; the route takes it when it is a C-contiguous array of
-        the result's shape and dtype on the operands' device. It must not overlap ``a`` or
-        ``b`` (cuBLAS reads and writes at once).
+        Where to write the result: an array of the result's shape and dtype on the
+        operands' device, which cuBLAS writes when it is C-contiguous (the result is
+        copied into any other). It must not overlap ``a`` or ``b`` (cuBLAS reads and
+        writes at once).
 
     Returns
     -------
@@ -329,18 +342,74 @@ def matmul(a, b, out=None):
         ``out`` when given, otherwise a new C-contiguous array.
     """
     runner = _runner(a, b)
+    xp = backend.array_module(a)
     call = None
     if runner is not None:
-        call = product_call(a.shape, a.strides, b.shape, b.strides, a.dtype.itemsize)
-    xp = backend.array_module(a)
+        # Vectors as one-row / one-column matrices (views): a matrix-vector product is a
+        # GEMM of one column, a vector-vector one of one element.
+        matrix_a = a[None, :] if a.ndim == 1 else a
+        matrix_b = b[:, None] if b.ndim == 1 else b
+        call, matrix_a, matrix_b = _call_copying_if_needed(xp, matrix_a, matrix_b)
     if call is not None:
-        shape = tuple(np.broadcast_shapes(a.shape[:-2], b.shape[:-2])) + (a.shape[-2], b.shape[-1])
-        if out is None:
-            out = xp.empty(shape, dtype=a.dtype)
-        if _is_result_buffer(out, a, shape):
-            runner(call, a, b, out)
+        batch = tuple(np.broadcast_shapes(matrix_a.shape[:-2], matrix_b.shape[:-2]))
+        matrix_shape = batch + (matrix_a.shape[-2], matrix_b.shape[-1])
+        # NumPy's result: the vectors' added axes dropped (a.shape[-2:-1] is () for a vector)
+        shape = batch + tuple(a.shape[-2:-1]) + (tuple(b.shape[-1:]) if b.ndim > 1 else ())
+        if out is None or _is_result_buffer(out, a, shape):
+            direct = out is not None and out.flags.c_contiguous
+            result = out if direct else xp.empty(shape, dtype=a.dtype)
+            runner(call, matrix_a, matrix_b, result.reshape(matrix_shape))  # a view
+            if out is None or direct:
+                return result
+            xp.copyto(out, result)  # cuBLAS writes C-contiguous rows only
             return out
     return xp.matmul(a, b) if out is None else xp.matmul(a, b, out=out)
+
+
+def _call_copying_if_needed(xp, a, b) -> tuple:
+    """``(call, a, b)``: the call for ``a @ b`` on the operands as they lie, or else with
+    the operands no call describes (a batch of no single stride, a broadcast inside the
+    batch axes, every other element) copied C-contiguous over the product's batch shape: a
+    copy kernel, as CuPy's ``matmul`` makes one, keeps the product on the route (a product
+    left to CuPy's handle could not be captured in a CUDA graph). ``(None, a, b)`` when
+    no layout gives a call (mismatched, empty or too large operands)."""
+    itemsize = a.dtype.itemsize
+    call = product_call(a.shape, a.strides, b.shape, b.strides, itemsize)
+    if call is not None:
+        return call, a, b
+    try:
+        batch = tuple(np.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
+    except ValueError:  # no product at all: the device's matmul raises its error
+        return None, a, b
+    shapes = (batch + tuple(a.shape[-2:]), batch + tuple(b.shape[-2:]))
+    as_they_lie = ((a.shape, a.strides), (b.shape, b.strides))
+    copied = tuple((shape, _contiguous_strides(shape, itemsize)) for shape in shapes)
+    for copies in ((False, True), (True, False), (True, True)):  # the fewest copies first
+        a_layout, b_layout = (copied[i] if copies[i] else as_they_lie[i] for i in (0, 1))
+        call = product_call(*a_layout, *b_layout, itemsize)
+        if call is not None:
+            a, b = (
+                xp.ascontiguousarray(xp.broadcast_to(operand, shape)) if copy else operand
+                for operand, shape, copy in zip((a, b), shapes, copies, strict=True)
+            )
+            return call, a, b
+    return None, a, b
+
+
+def _contiguous_strides(shape, itemsize: int) -> tuple:
+    """The byte strides of a C-contiguous array of ``shape``."""
+    strides, step = [], itemsize
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(strides))
+
+
+def matmul_for(like):
+    """The product to call on arrays like ``like``: NumPy's own ``matmul`` for host arrays,
+    so that host code paths stay exactly as they were, :func:`matmul` for device arrays
+    (what an op whose code serves both devices picks once, before its products)."""
+    return np.matmul if type(like) is np.ndarray else matmul
 
 
 def _runner(a, b):
@@ -356,14 +425,14 @@ def _runner(a, b):
 
 
 def _is_result_buffer(out, a, shape) -> bool:
-    """Whether cuBLAS can write the result of ``a @ b`` into ``out``: an array of ``a``'s
-    kind on ``a``'s device, of ``shape`` and ``a``'s dtype, C-contiguous (the call's result
-    leading dimension and stride are the C-contiguous ones)."""
+    """Whether the result of ``a @ b`` can go into ``out``: an array of ``a``'s kind on
+    ``a``'s device, of ``shape`` and ``a``'s dtype (cuBLAS writes it directly when it is
+    C-contiguous, the call's result leading dimension and stride being the C-contiguous
+    ones; otherwise it is copied in)."""
     return (
         type(out) is type(a)
         and out.shape == shape
         and out.dtype == a.dtype
-        and out.flags.c_contiguous
         and backend.device_of(out) == backend.device_of(a)
     )
 

@@ -3,12 +3,13 @@
 Without a GPU: the call worked out from shapes and strides (transposes as flags, leading
 dimensions, one strided-batched call for stacks and broadcasts) is run by a NumPy rendering
 of cuBLAS's documented column-major GEMM on the operands' own memory, and must give
-``a @ b`` for every layout the ops pass; the products it must leave to the device's
-``matmul``; the TF32 compute type; the workspace size. On the strict device every device
-product runs the package's model of that same call: checked to read memory as the call's
-arguments say (and to refuse a call reaching past an operand), into ``out`` buffers,
-declined where the GPU route declines, recorded in an emulated graph, and carrying the
-products of ``matmul``, ``Linear`` and attention to the host's results.
+``a @ b`` for every layout the ops pass; the layouts no call describes; the TF32 compute
+type; the workspace size. On the strict device every device product runs the package's
+model of that same call: checked to read memory as the call's arguments say (and to refuse
+a call reaching past an operand), into ``out`` buffers, on vectors, on copies of operands
+no call describes, left to the device's ``matmul`` where the GPU route leaves it (empty,
+integer, mismatched), recorded in an emulated graph, and carrying the products of
+``matmul``, ``Linear`` and attention to the host's results.
 
 With a GPU (``gpu``): against CuPy's matmul and NumPy, the route checked to have run, into
 ``out``, the layers' and attention's products on it, and a product captured in a CUDA graph.
@@ -173,30 +174,60 @@ def test_transposes_are_flags_not_copies():
     assert (call.m, call.n, call.k, call.batch) == (5, 6, 4, 1)
 
 
-# Products the route leaves to the device's matmul, made with an array module (NumPy's or
-# the strict device's) so that the device's operands have the same layout.
-DECLINED = {
-    "vector": lambda xp: (xp.ones(4), xp.ones((4, 3))),  # 1-d: the device's rules for vectors
-    "empty": lambda xp: (xp.ones((0, 4)), xp.ones((4, 3))),
-    "every_other": lambda xp: (xp.ones((6, 8))[::2, ::2], xp.ones((4, 3))),  # no major order
-    "every_other_stack": lambda xp: (xp.ones((3, 8, 4))[:, ::2, ::2], xp.ones((3, 2, 5))),
-    "reversed": lambda xp: (xp.ones((2, 3, 4))[:, ::-1], xp.ones((4, 3))),
-    "inner_broadcast": lambda xp: (xp.ones((2, 1, 3, 4)), xp.ones((1, 3, 4, 5))),
+def _values(xp, *shape):
+    """Distinct values of ``shape`` on ``xp``'s device (a wrong read shows)."""
+    return xp.asarray(np.random.default_rng(sum(shape)).standard_normal(shape))
+
+
+# Layouts no call describes, made with an array module (NumPy's or the strict device's) so
+# that the device's operands have the same layout: the route copies them first.
+UNDESCRIBED = {
+    # a vector of every other element: no leading dimension describes it as a matrix
+    "strided_vector": lambda xp: (_values(xp, 8)[::2], _values(xp, 4, 3)),
+    "every_other": lambda xp: (_values(xp, 6, 8)[::2, ::2], _values(xp, 4, 3)),  # no major order
+    "every_other_stack": lambda xp: (_values(xp, 3, 8, 4)[:, ::2, ::2], _values(xp, 3, 2, 5)),
+    "reversed": lambda xp: (_values(xp, 2, 3, 4)[:, ::-1], _values(xp, 4, 3)),
+    "inner_broadcast": lambda xp: (_values(xp, 2, 1, 3, 4), _values(xp, 1, 3, 4, 5)),
     "inner_broadcast_view": lambda xp: (
-        xp.broadcast_to(xp.ones((2, 1, 4, 5)), (2, 3, 4, 5)),
-        xp.ones((2, 3, 5, 6)),
+        xp.broadcast_to(_values(xp, 2, 1, 4, 5), (2, 3, 4, 5)),
+        _values(xp, 2, 3, 5, 6),
+    ),
+    # attention's heads: (N, H, L, D) views of (N, L, H * D) projections, batch strides
+    # (L * H * D, D) that no one stride gives
+    "split_heads": lambda xp: (
+        xp.swapaxes(_values(xp, 2, 5, 12).reshape(2, 5, 3, 4), 1, 2),
+        xp.swapaxes(_values(xp, 2, 6, 12).reshape(2, 6, 3, 4), 1, 2).swapaxes(-1, -2),
     ),
 }
+EMPTY = {"empty": lambda xp: (xp.ones((0, 4)), xp.ones((4, 3)))}  # nothing to multiply
 MISMATCHED = {  # no product at all: the device's matmul raises its error
     "inner_sizes_differ": lambda xp: (xp.ones((3, 4)), xp.ones((5, 3))),
     "batches_do_not_broadcast": lambda xp: (xp.ones((2, 3, 4)), xp.ones((5, 4, 2))),
 }
+NO_CALL = {**UNDESCRIBED, **EMPTY, **MISMATCHED}
 
 
-@pytest.mark.parametrize("case", [*DECLINED, *MISMATCHED])
-def test_products_left_to_the_devices_matmul(case):
-    a, b = {**DECLINED, **MISMATCHED}[case](np)
+@pytest.mark.parametrize("case", NO_CALL)
+def test_layouts_no_call_describes(case):
+    a, b = NO_CALL[case](np)
     assert cublas.product_call(a.shape, a.strides, b.shape, b.strides, 8) is None
+
+
+# Vectors, which the route takes as the one-row (left) or one-column (right) matrices NumPy
+# makes of them, dropping that axis from the result.
+VECTOR_CASES = {
+    "matrix_vector": ((5, 4), (4,)),
+    "vector_matrix": ((4,), (4, 6)),
+    "vector_vector": ((4,), (4,)),
+    "stack_vector": ((2, 3, 5, 4), (4,)),  # norm's per-channel sums
+    "vector_stack": ((4,), (3, 4, 6)),
+}
+
+
+def _vector_operands(case):
+    a_shape, b_shape = VECTOR_CASES[case]
+    rng = np.random.default_rng(len(a_shape) * 10 + len(b_shape))
+    return rng.standard_normal(a_shape), rng.standard_normal(b_shape)
 
 
 def test_tf32_compute_type_follows_the_setting(monkeypatch):
@@ -288,18 +319,53 @@ def test_a_product_is_written_into_out(model_runs):
     assert len(model_runs) == 2
     np.testing.assert_allclose(buffer.get()[1:3], a @ b, rtol=1e-12)
     assert not buffer.get()[[0, 3]].any()
-    # an out cuBLAS cannot write (not C-contiguous): the device's matmul fills it
+    # an out cuBLAS cannot write (not C-contiguous; empty_like of a transposed view gives
+    # them): the product goes to a buffer of its own, copied into out
     transposed_out = backend.to_device(np.zeros((2, 5, 3)), "strict").swapaxes(-1, -2)
     assert cublas.matmul(a_strict, b_strict, out=transposed_out) is transposed_out
-    assert len(model_runs) == 2
+    assert len(model_runs) == 3
     np.testing.assert_allclose(transposed_out.get(), a @ b, rtol=1e-12)
+    # an out of another shape or dtype: the device's matmul and its error
+    with pytest.raises(ValueError):
+        cublas.matmul(a_strict, b_strict, out=backend.to_device(np.zeros((2, 3, 4)), "strict"))
+    assert len(model_runs) == 3
 
 
-@pytest.mark.parametrize("case", DECLINED)
-def test_layouts_the_route_declines_are_declined_on_the_strict_device(model_runs, case):
-    a, b = DECLINED[case](backend.STRICT.xp)
+@pytest.mark.parametrize("case", VECTOR_CASES)
+def test_vectors_run_as_one_row_or_one_column_matrices(model_runs, case):
+    a, b = _vector_operands(case)
+    a_strict, b_strict = backend.to_device(a, "strict"), backend.to_device(b, "strict")
+    want = np.matmul(a, b)
+    with device_waits.no_device_waits():
+        got = cublas.matmul(a_strict, b_strict)
+    assert len(model_runs) == 1
+    assert got.shape == np.shape(want)
+    np.testing.assert_allclose(got.get(), want, rtol=1e-12, atol=1e-12)
+    out = backend.to_device(np.zeros(np.shape(want)), "strict")
+    assert cublas.matmul(a_strict, b_strict, out=out) is out
+    assert len(model_runs) == 2
+    np.testing.assert_allclose(out.get(), want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("case", UNDESCRIBED)
+def test_operands_no_call_describes_are_copied_and_multiplied_on_the_route(model_runs, case):
+    """As CuPy's matmul copies them, but then the product stays on the route (a CUDA graph
+    could not capture it on CuPy's handle). The model reads the memory as the call says:
+    the right product shows that it read the copies, not the operands' own layout."""
+    a, b = UNDESCRIBED[case](backend.STRICT.xp)
+    a_before, b_before = a.get(), b.get()
+    with device_waits.no_device_waits():
+        got = cublas.matmul(a, b)
+    assert len(model_runs) == 1
+    np.testing.assert_allclose(got.get(), a_before @ b_before, rtol=1e-12, atol=1e-12)
+    np.testing.assert_array_equal(a.get(), a_before)  # the operands themselves untouched
+    np.testing.assert_array_equal(b.get(), b_before)
+
+
+def test_an_empty_product_is_left_to_the_devices_matmul(model_runs):
+    a, b = EMPTY["empty"](backend.STRICT.xp)
     got = cublas.matmul(a, b)
-    np.testing.assert_array_equal(got.get(), a.get() @ b.get())
+    assert got.shape == (0, 3)
     assert not model_runs
 
 
@@ -330,6 +396,13 @@ def test_the_switch_turns_the_route_off_on_the_strict_device_too(model_runs, mon
     np.testing.assert_allclose(got.get(), a @ b, rtol=1e-12)
     assert not model_runs
     assert not cublas.available()
+
+
+def test_ops_pick_numpys_own_matmul_on_the_host_and_the_route_on_a_device():
+    """What an op serving both devices calls: on the host NumPy's matmul itself, so that
+    the host's code path does not change."""
+    assert cublas.matmul_for(np.ones((2, 2))) is np.matmul
+    assert cublas.matmul_for(backend.to_device(np.ones((2, 2)), "strict")) is cublas.matmul
 
 
 def test_host_arrays_multiply_on_numpy(model_runs):
@@ -378,10 +451,22 @@ ATTENTION_MASK[:, 0] = 0.0
 OP_CASES = {
     # name: (compute, input shapes, products run forward and backward)
     "matmul_stacks": (ops.matmul, [(2, 3, 5, 4), (4, 6)], 3),
-    # b broadcast over the outer batch axis only: no one batch stride, so the forward and
-    # a's gradient run on the device's matmul; b's gradient (before its sum) on the route
-    "matmul_stacks_declined": (ops.matmul, [(2, 3, 5, 4), (3, 4, 6)], 1),
+    # b broadcast over the outer batch axis only: no one batch stride, so b is copied over
+    # the batch for the forward and a's gradient; all three products on the route
+    "matmul_stacks_broadcast_inside": (ops.matmul, [(2, 3, 5, 4), (3, 4, 6)], 3),
+    # attention's heads split by permuting (N, L, H, D) projections (nn.MultiheadAttention)
+    "matmul_split_heads": (
+        lambda q, k: ops.matmul(
+            ops.permute(ops.reshape(q, (2, 5, 3, 4)), (0, 2, 1, 3)),
+            ops.permute(ops.reshape(k, (2, 6, 3, 4)), (0, 2, 3, 1)),
+        ),
+        [(2, 5, 12), (2, 6, 12)],
+        3,
+    ),
     "matmul_2d": (ops.matmul, [(5, 4), (4, 6)], 3),
+    # a's gradient is an outer product, (5, 1) @ (1, 4): a broadcast multiply, no GEMM
+    "matmul_matrix_vector": (ops.matmul, [(5, 4), (4,)], 2),
+    "matmul_vector_stack": (ops.matmul, [(4,), (2, 4, 3)], 3),
     "linear": (lambda x, w, b: ops.linear(x, w, b), [(2, 5, 4), (6, 4), (6,)], 3),
     "attention": (ops.scaled_dot_product_attention, [(2, 3, 7, 4)] * 3, 6),
     "attention_masked": (
@@ -457,6 +542,29 @@ def test_gpu_a_product_is_written_into_out(cublas_runs):
     assert cublas.matmul(cupy.asarray(a), cupy.asarray(b).T, out=out) is out
     assert len(cublas_runs) == 1
     np.testing.assert_allclose(out.get(), a @ b.T, rtol=1e-12)
+
+
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize("case", VECTOR_CASES)
+def test_gpu_vectors_run_as_one_row_or_one_column_matrices(cublas_runs, case):
+    cupy = backend.cupy_module()
+    a, b = _vector_operands(case)
+    got = cublas.matmul(cupy.asarray(a), cupy.asarray(b))
+    assert len(cublas_runs) == 1
+    want = np.matmul(a, b)
+    assert got.shape == np.shape(want)
+    np.testing.assert_allclose(got.get(), want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize("case", UNDESCRIBED)
+def test_gpu_operands_no_call_describes_are_copied_and_multiplied_on_the_handle(cublas_runs, case):
+    a, b = UNDESCRIBED[case](backend.cupy_module())
+    got = cublas.matmul(a, b)
+    assert len(cublas_runs) == 1
+    np.testing.assert_allclose(got.get(), a.get() @ b.get(), rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.gpu
