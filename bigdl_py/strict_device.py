@@ -26,7 +26,11 @@ kernels. So a step that keeps a host value in a kernel argument, or rebinds stat
 array instead of writing it in place, trains differently when replayed, and a test that
 compares replayed training with eager training catches it. What a graph cannot replay is
 refused during the capture (``backend.NotCapturable``): host data copied to the device
-(``asarray`` of host values, assigning a NumPy array), draws of ``xp.random``.
+(``asarray`` of host values, assigning a NumPy array), draws of ``xp.random``, and the
+products CuPy runs on its own cuBLAS handle (``matmul`` and ``@``, ``dot``, ``vdot``,
+``inner``, ``tensordot``, ``einsum`` of floating-point arrays), which CuPy refuses to call
+while a stream is captured: a step's products are captured only through the package's
+route, ``autograd.ops.cublas.matmul``, whose model of the cuBLAS call runs here as a kernel.
 """
 
 from __future__ import annotations
@@ -60,6 +64,10 @@ _DATA_SIZED_FUNCTIONS = frozenset(
         "unique_values",
     }
 )
+# Products CuPy runs on its own cuBLAS handle, whose stream binding raises
+# NotImplementedError while a stream is captured (integer operands take kernels of CuPy's
+# own, which a graph captures).
+_CUPY_CUBLAS_FUNCTIONS = frozenset({"matmul", "dot", "vdot", "inner", "tensordot", "einsum"})
 # Creation functions may take host data (they copy it to the device, as CuPy's do).
 _CREATION_FUNCTIONS = frozenset(
     {"array", "asarray", "asanyarray", "ascontiguousarray", "asfortranarray", "copy"}
@@ -118,6 +126,7 @@ class StrictArray:
         _recorded(lambda: host.__setitem__(key, host_value))
 
     def __array_ufunc__(self, ufunc, method: str, *inputs: Any, **kwargs: Any) -> Any:
+        _refuse_cupy_cublas_in_capture(ufunc.__name__, inputs)  # matmul and ``@``
         host_inputs = tuple(_unwrap(value, allow_host=False) for value in inputs)
         out = kwargs.get("out")
         if out is not None:
@@ -324,6 +333,7 @@ def _call(function, name: str, args: tuple, kwargs: dict) -> Any:
         device_waits.check_read(f"{name}()")
     if name == "where" and len(args) == 1 and not kwargs:
         device_waits.check_read("where() with one argument")
+    _refuse_cupy_cublas_in_capture(name, args)
     # Host arrays pass: here they are often settings (axes, shapes, index lists) that
     # CuPy takes too. Ufuncs, whose inputs are all operands, refuse them.
     host_args = tuple(_unwrap(value, allow_host=True) for value in args)
@@ -338,6 +348,24 @@ def _call(function, name: str, args: tuple, kwargs: dict) -> Any:
     if name in _UNINITIALISED:
         return _wrap(function(*host_args, **host_kwargs))  # a graph replays no allocation
     return _recorded(lambda: function(*host_args, **host_kwargs))
+
+
+def on_cupys_cublas(name: str, operands: tuple) -> bool:
+    """Whether CuPy runs the function ``name`` of ``operands`` on its own cuBLAS handle:
+    one of its products (``matmul``, ``dot``, ``vdot``, ``inner``, ``tensordot``,
+    ``einsum``) with a floating-point or complex device operand."""
+    return name in _CUPY_CUBLAS_FUNCTIONS and any(
+        type(value) is StrictArray and value.dtype.kind in "fc" for value in operands
+    )
+
+
+def _refuse_cupy_cublas_in_capture(name: str, operands: tuple) -> None:
+    """Refuse, during a capture, a product CuPy would run on its own cuBLAS handle."""
+    if backend.active_capture() is not None and on_cupys_cublas(name, operands):
+        backend.refuse_in_capture(
+            f"{name}() on CuPy's own cuBLAS handle (which CuPy refuses to call while a stream "
+            "is captured: products go through bigdl_py.autograd.ops.cublas.matmul)"
+        )
 
 
 # Allocations without contents: a replay has nothing to write into them.

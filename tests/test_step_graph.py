@@ -2,7 +2,8 @@
 operation with the memory it used, a replay runs them again with the values they were
 recorded with, as a GPU replays a CUDA graph's kernels. So a step whose replays would go
 wrong on a GPU (a host value frozen into a kernel argument, state rebound to a new array)
-goes wrong here too, and the hooks that make replays right are checked without a GPU."""
+goes wrong here too, a step a GPU cannot capture (a product on CuPy's own cuBLAS handle)
+is refused here too, and the hooks that make replays right are checked without a GPU."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 
 from bigdl_py import backend, device_waits, step_graph
+from bigdl_py.autograd.ops import cublas
 from bigdl_py.step_graph import StepGraph
 
 
@@ -103,6 +105,53 @@ def test_a_host_to_device_copy_inside_the_step_runs_it_eagerly_and_says_why(capl
     assert "copying host data to the device cannot be replayed" in reason
     assert restored == [True]  # the host state was put back after the failed capture
     assert "cannot be captured in a CUDA graph" in caplog.text
+
+
+WEIGHT = np.random.default_rng(5).standard_normal((3, 2))
+# Products CuPy runs on its own cuBLAS handle, which it refuses to call during a capture.
+CUPY_PRODUCTS = {
+    "matmul": lambda xp, batch, weight: xp.matmul(batch[None], weight),
+    "operator": lambda xp, batch, weight: batch[None] @ weight,
+    "dot": lambda xp, batch, weight: xp.dot(batch, weight),
+    "method_dot": lambda xp, batch, weight: batch.dot(weight),
+    "tensordot": lambda xp, batch, weight: xp.tensordot(batch, weight, axes=1),
+    "einsum": lambda xp, batch, weight: xp.einsum("i,ij->j", batch, weight),
+    "inner": lambda xp, batch, weight: xp.inner(batch, weight.T),
+}
+
+
+@pytest.mark.parametrize("product", CUPY_PRODUCTS)
+def test_a_product_on_cupys_own_cublas_handle_runs_the_step_eagerly(product):
+    weight = backend.to_device(WEIGHT, "strict")
+
+    def step(batch):
+        return CUPY_PRODUCTS[product](backend.STRICT.xp, batch, weight).reshape(-1)
+
+    graph = StepGraph("strict")
+    for batch in BATCHES:
+        np.testing.assert_allclose(graph.run(step, [batch]).get(), batch @ WEIGHT, rtol=1e-12)
+    assert graph.counts == {"captured": 0, "replayed": 0, "eager": 6}
+    (reason,) = graph.refusals.values()
+    assert "on CuPy's own cuBLAS handle" in reason and "cublas.matmul" in reason
+
+
+def test_the_same_product_through_the_packages_route_is_captured():
+    weight = backend.to_device(WEIGHT, "strict")
+    graph = StepGraph("strict")
+    for batch in BATCHES:
+        result = graph.run(lambda batch: cublas.matmul(batch, weight), [batch])
+        np.testing.assert_allclose(result.get(), batch @ WEIGHT, rtol=1e-12)
+    assert graph.counts == {"captured": 1, "replayed": 4, "eager": 1}
+    assert not graph.refusals
+
+
+def test_integer_products_take_cupys_own_kernels_and_are_captured():
+    weight = backend.to_device(np.arange(6).reshape(3, 2), "strict")
+    graph = StepGraph("strict")
+    for batch in BATCHES:
+        result = graph.run(lambda batch: batch.astype(np.int64) @ weight, [batch])
+        np.testing.assert_array_equal(result.get(), batch.astype(np.int64) @ weight.get())
+    assert graph.counts == {"captured": 1, "replayed": 4, "eager": 1}
 
 
 def doubled(batch):

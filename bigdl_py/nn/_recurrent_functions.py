@@ -25,7 +25,9 @@ installed (``_lstm_onednn``: PyTorch's own CPU route, 1.2x faster than this recu
 bench's layer), with the same threads, one direction each; this recurrence takes float64,
 CuPy arrays, empty batches and ``BIGDL_PY_ONEDNN=0``, and is the reference the oneDNN
 route's tests compare with. On the GPU both layers run on cuDNN's RNN where it loads
-(``_rnn_cudnn``), this recurrence where it does not (``BIGDL_PY_CUDNN=0``, no cuDNN 9).
+(``_rnn_cudnn``), this recurrence where it does not (``BIGDL_PY_CUDNN=0``, no cuDNN 9); its
+products then run on the package's cuBLAS handle (``cublas.matmul``, which a CUDA graph
+captures; CuPy's ``matmul`` cannot be captured), on the host on NumPy's ``matmul``.
 
 The weights' gate layouts are PyTorch's: LSTM ``[i, f, g, o]``, GRU ``[r, z, n]``, stacked
 along the first axis (the RNN has one gate). Inside, the GRU's and the RNN's arrays are ``(D,
@@ -43,7 +45,7 @@ import numpy as np
 from bigdl_py import backend
 from bigdl_py.autograd.function import Function
 from bigdl_py.autograd.grad_mode import is_grad_enabled
-from bigdl_py.autograd.ops import conv_tiles, cudnn, onednn
+from bigdl_py.autograd.ops import conv_tiles, cublas, cudnn, onednn
 from bigdl_py.nn import _lstm_onednn, _rnn_cudnn
 
 # Multiply-adds of one step's hidden GEMM (batch x gates*H x H) below which a
@@ -355,6 +357,8 @@ class LSTMSequence(_PooledSequence):
             else None
         )
 
+        matmul = cublas.matmul_for(gates)
+
         def run(part):
             _lstm_steps_backward(
                 None if grad_steps is None else grad_steps[part],
@@ -369,9 +373,9 @@ class LSTMSequence(_PooledSequence):
             count = part.stop - part.start
             flat_grad_gates = grad_gates[part].reshape(count, gate_width, steps * batch)
             flat_columns = columns[part, :, :steps].reshape(count, -1, steps * batch)  # a view
-            xp.matmul(flat_grad_gates, xp.swapaxes(flat_columns, 1, 2), out=grad_weights[part])
+            matmul(flat_grad_gates, xp.swapaxes(flat_columns, 1, 2), out=grad_weights[part])
             if needs_input:
-                xp.matmul(
+                matmul(
                     xp.swapaxes(flat_grad_gates, 1, 2),
                     weights[part, :, :features],
                     out=inputs_grad[part].reshape(count, steps * batch, features),
@@ -464,8 +468,9 @@ def _lstm_steps(columns, scaled_weights, gates, cells, tanh_cells, features: int
     # The GEMM writes to a contiguous array (a step of two directions is not one, and CuPy's
     # matmul is safest with a contiguous output); the tanh then moves it into place.
     pre_activation = xp.empty((directions, gate_width, batch), dtype=gates.dtype)
+    matmul = cublas.matmul_for(gates)
     for t in range(steps):
-        xp.matmul(scaled_weights, columns[:, :, t], out=pre_activation)
+        matmul(scaled_weights, columns[:, :, t], out=pre_activation)
         xp.tanh(pre_activation, out=gates[:, t])
         sigmoids = sigmoid_gates[:, t]
         sigmoids *= 0.5
@@ -500,6 +505,7 @@ def _lstm_steps_backward(
     candidates, _, forget_gates, output_gates = _split(gates, 4, axis=2)
     sigmoid_gates = gates[:, :, size:]
     product = xp.empty((directions, size, batch), dtype=gates.dtype)
+    matmul = cublas.matmul_for(gates)
     for t in reversed(range(steps)):
         if grad_steps is not None:
             grad_hidden += grad_steps[:, t]
@@ -524,7 +530,7 @@ def _lstm_steps_backward(
         grad_output *= grad_hidden
         grad_cell *= forget_gates[:, t]
         grad_gates[:, :, t] = step_grad
-        xp.matmul(hidden_weights_t, step_grad, out=grad_hidden)
+        matmul(hidden_weights_t, step_grad, out=grad_hidden)
 
 
 class _ProjectedSequence(_PooledSequence):
@@ -739,8 +745,9 @@ class RNNSequence(_ProjectedSequence):
         xp = backend.array_module(gates)
         weight_hh_t = self.weight_hh_t[part]
         pre_activation = xp.empty(hiddens.shape[:1] + hiddens.shape[2:], dtype=gates.dtype)
+        matmul = cublas.matmul_for(gates)
         for t in range(gates.shape[1]):
-            xp.matmul(hiddens[:, t], weight_hh_t, out=pre_activation)
+            matmul(hiddens[:, t], weight_hh_t, out=pre_activation)
             pre_activation += gates[:, t]
             if self.nonlinearity == "tanh":
                 xp.tanh(pre_activation, out=hiddens[:, t + 1])
@@ -759,6 +766,7 @@ class RNNSequence(_ProjectedSequence):
         grad_hidden_gates,
     ) -> None:
         xp = backend.array_module(gates)
+        matmul = cublas.matmul_for(gates)
         for t in reversed(range(gates.shape[1])):
             grad_hidden += grad_steps[:, t]
             hidden, grad_step = hiddens[:, t + 1], grad_gates[:, t]
@@ -768,7 +776,7 @@ class RNNSequence(_ProjectedSequence):
                 grad_step *= grad_hidden
             else:
                 xp.multiply(grad_hidden, hidden > 0, out=grad_step)
-            xp.matmul(grad_step, weight_hh, out=grad_hidden)
+            matmul(grad_step, weight_hh, out=grad_hidden)
 
 
 def _gru_steps(gates, hiddens, hidden_candidates, scaled_weight_hh, scaled_bias_hh, activations):
@@ -779,8 +787,9 @@ def _gru_steps(gates, hiddens, hidden_candidates, scaled_weight_hh, scaled_bias_
     size = gate_width // 3
     hidden_part = xp.empty((directions, batch, gate_width), dtype=gates.dtype)
     input_candidate = xp.empty((directions, batch, size), dtype=gates.dtype)
+    matmul = cublas.matmul_for(gates)
     for t in range(steps):
-        xp.matmul(hiddens[:, t], scaled_weight_hh, out=hidden_part)
+        matmul(hiddens[:, t], scaled_weight_hh, out=hidden_part)
         if scaled_bias_hh is not None:
             hidden_part += scaled_bias_hh[:, None, :]
         step_gates = gates[:, t]
@@ -810,6 +819,7 @@ def _gru_steps_backward(
 ) -> None:
     """Back-propagation through time of a block of GRU directions (see
     ``_lstm_steps_backward``): the input and the hidden projections' gate gradients."""
+    matmul = cublas.matmul_for(gates)
     for t in reversed(range(gates.shape[1])):
         grad_hidden += grad_steps[:, t]
         reset_gate, update_gate, candidate = _split(gates[:, t], 3)
@@ -824,7 +834,7 @@ def _gru_steps_backward(
         _, _, grad_hidden_candidate = _split(hidden_gates, 3)
         grad_hidden_candidate *= reset_gate
         grad_hidden *= update_gate
-        grad_hidden += hidden_gates @ weight_hh
+        grad_hidden += matmul(hidden_gates, weight_hh)
 
 
 # --- running the directions -----------------------------------------------------------------
@@ -855,10 +865,10 @@ def _part(array, part):
 
 def _project(inputs, scaled_weight_t, scaled_bias, gates) -> None:
     """``gates = inputs @ W.T + b`` (scaled) for a block of directions, one GEMM each."""
-    xp = backend.array_module(inputs)
     directions, steps, batch, features = inputs.shape
     flat_gates = gates.reshape(directions, steps * batch, gates.shape[-1])  # a view
-    xp.matmul(inputs.reshape(directions, steps * batch, features), scaled_weight_t, out=flat_gates)
+    flat_inputs = inputs.reshape(directions, steps * batch, features)
+    cublas.matmul_for(inputs)(flat_inputs, scaled_weight_t, out=flat_gates)
     if scaled_bias is not None:
         flat_gates += scaled_bias[:, None, :]
 
@@ -887,13 +897,14 @@ class _WeightGradients:
         inputs = self.inputs[part]
         flat_inputs = inputs.reshape(directions, steps * batch, inputs.shape[-1])
         previous_hiddens = hiddens[:, :steps].reshape(directions, steps * batch, -1)
-        xp.matmul(xp.swapaxes(flat_input_gates, 1, 2), flat_inputs, out=self.weight_ih[part])
-        xp.matmul(xp.swapaxes(flat_hidden_gates, 1, 2), previous_hiddens, out=self.weight_hh[part])
+        matmul = cublas.matmul_for(grad_input_gates)
+        matmul(xp.swapaxes(flat_input_gates, 1, 2), flat_inputs, out=self.weight_ih[part])
+        matmul(xp.swapaxes(flat_hidden_gates, 1, 2), previous_hiddens, out=self.weight_hh[part])
         flat_input_gates.sum(axis=1, out=self.bias_ih[part])
         flat_hidden_gates.sum(axis=1, out=self.bias_hh[part])
         if self.inputs_grad is not None:
             inputs_grad = self.inputs_grad[part].reshape(flat_inputs.shape)  # a view
-            xp.matmul(flat_input_gates, self.weight_ih_value[part], out=inputs_grad)
+            matmul(flat_input_gates, self.weight_ih_value[part], out=inputs_grad)
 
     def layer_input(self, batch_first: bool):
         """The layer input's gradient (None if not needed)."""

@@ -145,6 +145,80 @@ def test_every_bench_models_step_is_captured_and_replays_as_it_runs_eagerly(key,
     assert_same(weights(runs[1]), weights(runs[0]), exact=device == "strict")
 
 
+class _SequenceClassifier(nn.Module):
+    """A recurrent layer (two layers deep) classifying from the mean of its output
+    sequence, so that every step's output has a gradient."""
+
+    def __init__(self, cell, bidirectional, **options):
+        super().__init__()
+        layer = {"lstm": nn.LSTM, "gru": nn.GRU, "rnn": nn.RNN}[cell]
+        self.recurrent = layer(
+            6, 5, num_layers=2, batch_first=True, bidirectional=bidirectional, **options
+        )
+        self.fc = nn.Linear(5 * (2 if bidirectional else 1), 3)
+        self.log_softmax = nn.LogSoftmax()
+
+    def forward(self, x):
+        output, _ = self.recurrent(x)
+        return self.log_softmax(self.fc(ops.mean(output, axis=1)))
+
+
+def _convolutions():
+    """Conv2d in groups (conv_device's GEMMs), batch norm with a cumulative running average
+    (its factor a device scalar: the unfused route, norm.py's sums), a transposed
+    convolution (conv.py's im2col route, gemm_pieces' products), group norm."""
+    return nn.Sequential(
+        nn.Conv2d(2, 4, 3, padding=1, groups=2), nn.BatchNorm2d(4, momentum=None), nn.ReLU(),
+        nn.ConvTranspose2d(4, 2, 3, stride=2), nn.GroupNorm(2, 2), nn.ReLU(), nn.Flatten(),
+        nn.Linear(2 * 13 * 13, 3), nn.LogSoftmax(),
+    )  # fmt: skip
+
+
+# Models whose device products ran outside the package's cuBLAS route before: each step's
+# products must be on the route for its capture (CuPy cannot capture its own).
+DEVICE_PRODUCT_MODELS = {
+    "lstm": (lambda: _SequenceClassifier("lstm", bidirectional=True), (7, 6)),
+    "gru": (lambda: _SequenceClassifier("gru", bidirectional=True), (7, 6)),
+    "rnn_tanh": (lambda: _SequenceClassifier("rnn", bidirectional=False), (7, 6)),
+    "rnn_relu": (
+        lambda: _SequenceClassifier("rnn", bidirectional=True, nonlinearity="relu"),
+        (7, 6),
+    ),
+    "convolutions": (_convolutions, (2, 6, 6)),
+}
+
+
+@pytest.mark.parametrize("key", DEVICE_PRODUCT_MODELS)
+def test_recurrences_and_convolutions_are_captured_with_their_products_on_our_route(key):
+    """LSTM/GRU/RNN layers where cuDNN does not run (its fallback recurrence), conv2d on a
+    device (conv_device), ConvTranspose2d (conv.py's im2col route), unfused batch norm
+    and group norm: captured with nothing refused, replayed as they run eagerly."""
+    build, shape = DEVICE_PRODUCT_MODELS[key]
+    rng = np.random.default_rng(4)
+    features = rng.standard_normal((18, *shape)).astype(np.float32)
+    labels = rng.integers(0, 3, 18)
+    runs = []
+    for graphs in (True, False):
+        with nn.init.seeded(0):
+            model = build().to("strict")
+        optimizer = LocalOptimizer(
+            model,
+            ArrayDataset(features, labels, shuffle=False),
+            nn.NLLLoss(),
+            Adam(lr=1e-2),
+            batch_size=6,
+            end_trigger=MaxIteration(5),
+            progress=False,
+            cuda_graphs=graphs,
+        )
+        optimizer.optimize()
+        runs.append(optimizer)
+    graph = runs[0].runner.step_graph
+    assert not graph.refusals, graph.refusals
+    assert graph.counts == {"captured": 1, "replayed": 3, "eager": 1}
+    assert_same(weights(runs[1]), weights(runs[0]))
+
+
 class _Switch(TrainingCallback):
     """Changes the training after iteration ``at`` as a user's callback might."""
 

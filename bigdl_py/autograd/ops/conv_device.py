@@ -1,12 +1,15 @@
-"""2-d convolution on a device: per tile of samples one im2col kernel, one 2-d GEMM per
-group and one kernel into NCHW; the gradients alike, with col2im as one kernel.
+"""2-d convolution on a device: per tile of samples one im2col kernel, one GEMM for every
+group (strided-batched when there are several) and one kernel into NCHW; the gradients
+alike, with col2im as one kernel.
 
 The host's route (``conv.py``) is built for CPU caches and threads: strided copies, per-op
 scratch zeroed anew, col2im one kernel tap at a time, 3-d products that copy their operands.
 On a GPU each of those is a launch or an allocation, and the step is bound by them. Here the
 columns come from one kernel that writes the padding's zeros itself, every product is a 2-d
-GEMM on contiguous operands or their transposes (cuBLAS takes a transpose as a flag: no copy),
-and the buffers come from ``kernels.scratch``, kept from one op to the next.
+GEMM on contiguous operands or their transposes (cuBLAS takes a transpose as a flag: no copy)
+on the package's own cuBLAS handle (``cublas.matmul``: a CUDA graph can capture it, CuPy's
+``matmul`` it cannot), and the buffers come from ``kernels.scratch``, kept from one op to
+the next.
 
 A tile holds as many samples as fit ``TILE_BYTES`` of columns: one tile for the bench's
 layers at their batches, a few for the largest.
@@ -15,6 +18,7 @@ layers at their batches, a few for the largest.
 from __future__ import annotations
 
 from bigdl_py import backend
+from bigdl_py.autograd.ops import cublas
 from bigdl_py.kernels import convolution as kernels_convolution
 from bigdl_py.kernels.scratch import scratch
 
@@ -54,8 +58,7 @@ def convolve(x, weight, bias, stride, padding, dilation, groups, out_hw):
         columns = scratch("conv columns", (groups, rows // groups, width), x.dtype, x)
         kernels_convolution.im2col(x, first, samples, geometry, columns)
         product = scratch("conv product", (groups, out_channels // groups, width), x.dtype, x)
-        for group in range(groups):
-            xp.matmul(grouped_weight[group], columns[group], out=product[group])
+        cublas.matmul(grouped_weight, columns, out=product)
         kernels_convolution.store(product, bias, first, samples, out)
     return out
 
@@ -91,14 +94,12 @@ def gradients(x, weight, grad, stride, padding, dilation, groups, needs):
             partial = grad_weight
             if first:
                 partial = scratch("conv weight part", (groups, *per_group), x.dtype, x)
-            for group in range(groups):
-                xp.matmul(grad_matrix[group], columns[group].T, out=partial[group])
+            cublas.matmul(grad_matrix, xp.swapaxes(columns, 1, 2), out=partial)
             if first:
                 grad_weight += partial
         if need_x:
             column_grad = scratch("conv column gradient", (groups, per_group[1], width), x.dtype, x)
-            for group in range(groups):
-                xp.matmul(grouped_weight[group].T, grad_matrix[group], out=column_grad[group])
+            cublas.matmul(xp.swapaxes(grouped_weight, 1, 2), grad_matrix, out=column_grad)
             kernels_convolution.col2im(column_grad, first, samples, geometry, grad_x)
     if grad_weight is not None:
         grad_weight = grad_weight.reshape(weight.shape)

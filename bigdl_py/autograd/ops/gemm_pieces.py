@@ -22,8 +22,10 @@ gradient over a long inner axis. So a product whose pieces can stay under the li
   GFLOP/s whole, 86 in pieces of 1,157; (150, K) @ (K, 12) in pieces of 555: 45 against 48).
 
 Anything else (other BLAS libraries or cores, other dtypes, GPU arrays, products the rules
-leave whole) is one ``matmul`` as before. Cutting the inner axis changes the order of the
-sums, so the result differs from the whole product only in rounding.
+leave whole) is one ``matmul`` as before: NumPy's on the host, the package's cuBLAS route
+(``cublas.matmul``, which a CUDA graph can capture) on a device. Cutting the inner axis
+changes the order of the sums, so the result differs from the whole product only in
+rounding.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import functools
 import numpy as np
 
 from bigdl_py import backend
+from bigdl_py.autograd.ops import cublas
 
 # OpenBLAS's limit for its small-matrix kernels (M * N * K <= 100**3, measured to the column).
 SMALL_KERNEL_MULTIPLY_ADDS = 100**3
@@ -105,8 +108,8 @@ def matmul_into(a, b, out, threads_share_tiles: bool = False) -> None:
     if not threads_share_tiles and _applies(a, b):
         minimum = MIN_THIN_COLUMN_PIECE if rows <= THIN_ROWS else MIN_COLUMN_PIECE
         width = piece_width(rows * inner, columns, minimum)
-    if not width:
-        xp.matmul(a, b, out=out)
+    if not width:  # on a device always: our cuBLAS handle (NumPy's matmul on the host)
+        cublas.matmul_for(a)(a, b, out=out)
         return
     if a.ndim == 2:
         a, b, out = a[None], b[None], out[None]
@@ -123,8 +126,8 @@ def matmul_summed(a, b):
     rows, inner = a.shape[-2:]
     columns = b.shape[-1]
     width = piece_width(rows * columns, inner, MIN_INNER_PIECE) if _applies(a, b) else 0
-    if not width:
-        return xp.matmul(a, b)
+    if not width:  # on a device always: our cuBLAS handle (NumPy's matmul on the host)
+        return cublas.matmul_for(a)(a, b)
     out = xp.matmul(a[..., :width], b[..., :width, :])
     piece = xp.empty_like(out)
     for start in range(width, inner, width):

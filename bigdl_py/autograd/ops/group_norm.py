@@ -9,9 +9,11 @@ normalised input and ``1/std`` (see norm.py for why ops like these are fused).
 
 from __future__ import annotations
 
+import numpy as np
+
 from bigdl_py import backend
 from bigdl_py.autograd.function import Function
-from bigdl_py.autograd.ops import norm
+from bigdl_py.autograd.ops import cublas, norm
 from bigdl_py.autograd.ops.functional_layers import batch_norm
 
 __all__ = ["group_norm", "instance_norm"]
@@ -84,7 +86,11 @@ class GroupNorm(Function):
         per_sample_channel = grad.reshape(batch, channels, -1)
         if self.affine[0]:
             normalized_by_channel = normalized.reshape(batch, channels, -1)
-            gradients.append(xp.einsum("ncl,ncl->c", per_sample_channel, normalized_by_channel))
+            if type(grad) is np.ndarray:
+                dots = xp.einsum("ncl,ncl->c", per_sample_channel, normalized_by_channel)
+            else:
+                dots = _row_dots(per_sample_channel, normalized_by_channel).sum(axis=0)
+            gradients.append(dots)
         if self.affine[1]:
             gradients.append(per_sample_channel.sum(axis=2).sum(axis=0))
         return tuple(gradients)
@@ -92,7 +98,16 @@ class GroupNorm(Function):
 
 def _group_dot(xp, a, b):
     """``sum(a * b)`` over the last axis of ``(N, G, K)`` arrays, kept as ``(N, G, 1)``."""
-    return xp.einsum("ngk,ngk->ng", a, b)[..., None]
+    if type(a) is np.ndarray:
+        return xp.einsum("ngk,ngk->ng", a, b)[..., None]
+    return _row_dots(a, b)[..., None]
+
+
+def _row_dots(a, b):
+    """``sum(a * b)`` over the last axis of two ``(N, M, K)`` device arrays, ``(N, M)``: one
+    strided-batched GEMM of ``(1, K) @ (K, 1)`` products on the package's cuBLAS handle
+    (CuPy's ``einsum`` contracts on its own handle, which a CUDA graph cannot capture)."""
+    return cublas.matmul(a[..., None, :], b[..., None])[..., 0, 0]
 
 
 def group_norm(x, num_groups: int, weight=None, bias=None, eps: float = 1e-5):

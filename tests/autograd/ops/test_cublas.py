@@ -24,10 +24,11 @@ import math
 import numpy as np
 import pytest
 
-from bigdl_py import backend, device_waits
+from bigdl_py import backend, device_waits, strict_device
 from bigdl_py.autograd import Tensor, ops
-from bigdl_py.autograd.ops import cublas
+from bigdl_py.autograd.ops import cublas, cudnn
 from bigdl_py.autograd.ops.cublas import CUBLAS_OP_N, CUBLAS_OP_T, ColumnMajorOperand
+from bigdl_py.nn._recurrent_functions import GRUSequence, LSTMSequence, RNNSequence
 from bigdl_py.step_graph import StepGraph
 
 
@@ -476,12 +477,80 @@ OP_CASES = {
         [(2, 3, 7, 4)] * 3,
         6,
     ),
+    # conv_device (no cuDNN): per tile one GEMM for all groups forward, two backward
+    "conv2d_groups": (
+        lambda x, w, b: ops.conv2d(x, w, b, padding=1, groups=2),
+        [(2, 4, 5, 5), (6, 2, 3, 3), (6,)],
+        3,
+    ),
+    # conv.py's im2col route (ConvTranspose2d on a device without cuDNN): gemm_pieces'
+    # products, one forward (col2im), one each for the input and weight gradients
+    "conv_transpose2d": (
+        lambda x, w, b: ops.conv_transpose2d(x, w, b, stride=2, padding=1, output_padding=1),
+        [(2, 4, 3, 3), (4, 3, 3, 3), (3,)],
+        3,
+    ),
+    # an input that is not C-contiguous takes batch norm's unfused route: the channels'
+    # sums are products with a vector of ones, one forward, one backward
+    "batch_norm_unfused": (
+        lambda x, w, b: ops.batch_norm(ops.permute(x, (0, 3, 1, 2)), None, None, w, b),
+        [(4, 2, 5, 3), (3,), (3,)],
+        2,
+    ),
+    # the groups' dot products (variance forward, projection backward), the weight's
+    "group_norm": (
+        lambda x, w, b: ops.group_norm(x, 2, w, b),
+        [(3, 4, 2, 3), (4,), (4,)],
+        3,
+    ),
+    # rows @ x @ columns^T forward, its transpose backward
+    "adaptive_avg_pool2d": (lambda x: ops.adaptive_avg_pool2d(x, (2, 3)), [(2, 3, 5, 7)], 4),
+    "interpolate_bilinear": (
+        lambda x: ops.interpolate(x, size=(5, 7), mode="bilinear"),
+        [(2, 3, 4, 3)],
+        4,
+    ),
+    # The recurrences where cuDNN does not run, two directions of 4 steps: the LSTM's one
+    # product a step each way, then its weights' and input's gradients; the GRU and the RNN
+    # project the input first, and have three gradients' products (input, two weights).
+    "lstm_sequence": (
+        lambda *arrays: LSTMSequence.apply(*arrays, batch_first=True),
+        [(3, 4, 5), (2, 8, 5), (2, 8, 2), (2, 3, 2), (2, 3, 2), (2, 8), (2, 8)],
+        2 * 4 + 2,
+    ),
+    "gru_sequence": (
+        lambda *arrays: GRUSequence.apply(*arrays, batch_first=False),
+        [(4, 3, 5), (2, 6, 5), (2, 6, 2), (2, 3, 2), (2, 6), (2, 6)],
+        1 + 4 + 4 + 3,
+    ),
+    "rnn_sequence": (
+        lambda *arrays: RNNSequence.apply(*arrays, batch_first=True, nonlinearity="tanh"),
+        [(3, 4, 5), (2, 2, 5), (2, 2, 2), (2, 3, 2), (2, 2), (2, 2)],
+        1 + 4 + 4 + 3,
+    ),
 }
 
 
-def _check_the_ops_products(case, device, runs, tolerance):
+@pytest.fixture
+def cupy_handle_products(monkeypatch):
+    """The products the strict device ran as CuPy would on its own cuBLAS handle (which
+    no CUDA graph captures): its ``matmul``, ``dot``, ``einsum``... of float arrays."""
+    products = []
+    real = strict_device._refuse_cupy_cublas_in_capture
+
+    def recorded(name, operands):
+        if strict_device.on_cupys_cublas(name, operands):
+            products.append(name)
+        real(name, operands)
+
+    monkeypatch.setattr(strict_device, "_refuse_cupy_cublas_in_capture", recorded)
+    return products
+
+
+def _check_the_ops_products(case, device, runs, tolerance, off_route=None):
     """Run ``OP_CASES[case]`` on the host and on ``device``: the route (whose calls ``runs``
-    lists) ran the case's products, and every output and gradient is the host's."""
+    lists) ran the case's products, none ran elsewhere (``off_route``, where known), and
+    every output and gradient is the host's."""
     compute, shapes, products = OP_CASES[case]
     rng = np.random.default_rng(11)
     arrays = [rng.standard_normal(shape) for shape in shapes]
@@ -489,13 +558,17 @@ def _check_the_ops_products(case, device, runs, tolerance):
     assert not runs
     on_device = _forward_backward(compute, arrays, device)
     assert len(runs) == products
+    if off_route is not None:
+        assert not off_route, off_route
     for host, got in zip(on_host, on_device, strict=True):
         np.testing.assert_allclose(got, host, rtol=tolerance, atol=tolerance)
 
 
 @pytest.mark.parametrize("case", OP_CASES)
-def test_the_ops_products_run_on_the_model_and_give_the_hosts_results(model_runs, case):
-    _check_the_ops_products(case, "strict", model_runs, 1e-12)
+def test_the_ops_products_run_on_the_model_and_give_the_hosts_results(
+    model_runs, cupy_handle_products, case
+):
+    _check_the_ops_products(case, "strict", model_runs, 1e-12, cupy_handle_products)
 
 
 # --- on a GPU ----------------------------------------------------------------------------------
@@ -582,7 +655,8 @@ def test_gpu_tf32_products_stay_close(monkeypatch, cublas_runs):
 @pytest.mark.gpu
 @requires_gpu
 @pytest.mark.parametrize("case", OP_CASES)
-def test_gpu_the_ops_products_run_on_the_handle(cublas_runs, case):
+def test_gpu_the_ops_products_run_on_the_handle(monkeypatch, cublas_runs, case):
+    monkeypatch.setenv(cudnn.SWITCH_VARIABLE, "0")  # the routes cuDNN would take otherwise
     _check_the_ops_products(case, "cuda", cublas_runs, 1e-10)
 
 
