@@ -22,6 +22,7 @@ from bigdl_py import device_waits
 from bigdl_py.autograd.tensor import Tensor
 from bigdl_py.step_graph import StepGraph
 from bigdl_py.train.rng import load_model_rng_state, model_rng_state
+from bigdl_py.train.route_settings import route_settings
 
 
 def captures(replica: Any) -> bool:
@@ -43,7 +44,7 @@ def piece_loss_sum(replica: Any, piece: np.ndarray, labels: np.ndarray, weight: 
         return loss.data * count
 
     features = [np.asarray(array[piece]) for array in replica.features]
-    key = (weight, tuple(module.training for module in replica.model.modules()))
+    key = (weight, tuple(module.training for module in replica.model.modules()), route_settings())
     with device_waits.no_device_waits():
         # A replay's output is overwritten by the next piece of this size: a copy is kept.
         return graph.run(step, [*features, labels], key).copy()

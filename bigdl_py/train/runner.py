@@ -79,13 +79,14 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from bigdl_py import backend, kernels
+from bigdl_py import backend
 from bigdl_py.autograd.tensor import Tensor
 from bigdl_py.optim import FlatParameters
 from bigdl_py.step_graph import StepGraph
 from bigdl_py.train import batches as batch_io
 from bigdl_py.train.metrics import ValidationMethod, ValidationResult
 from bigdl_py.train.rng import load_model_rng_state, model_rng_state
+from bigdl_py.train.route_settings import route_settings
 
 
 @dataclass
@@ -324,7 +325,8 @@ class LocalRunner(IterationRunner):
     def _step_key(self) -> tuple:
         """What a captured step depends on besides its inputs' shapes: which modules train,
         which parameters learn, the optimizer and its hyperparameters, the clippings, the
-        kernel settings. A change makes (or reuses) another graph."""
+        settings that pick the kernels and libraries it launches (``route_settings``). A
+        change makes (or reuses) another graph."""
         setup = self.setup
         return (
             tuple(module.training for module in self._modules),
@@ -332,8 +334,7 @@ class LocalRunner(IterationRunner):
             id(setup.optim_method),
             repr(setup.optim_method),
             tuple(repr(clipping) for clipping in setup.clippings),
-            kernels.enabled(),
-            tuple(backend.tf32_settings().items()),
+            route_settings(),
         )
 
     def _host_state(self):

@@ -10,6 +10,7 @@ import pytest
 from test_replica_device_waits import BATCH, replica
 
 from bigdl_py import backend, nn, step_graph
+from bigdl_py.autograd.ops import cudnn
 from bigdl_py.spark.replica import forward_backward
 
 
@@ -44,3 +45,14 @@ def test_replayed_pieces_give_the_gradients_of_eager_ones(tmp_path, monkeypatch,
     ):
         np.testing.assert_allclose(captured, eager, rtol=1e-6, atol=1e-8)
         assert captured_loss == pytest.approx(eager_loss, rel=1e-6)
+
+
+def test_a_route_switch_gives_the_pieces_a_new_graph(tmp_path, monkeypatch):
+    """A graph captured with cuDNN's routes on would replay them after the switch."""
+    monkeypatch.setenv(step_graph.SWITCH_VARIABLE, "1")
+    monkeypatch.delenv(cudnn.SWITCH_VARIABLE, raising=False)
+    made = replica(tmp_path, nn.NLLLoss(), device="strict")
+    gradients(made, 1, iterations=2)  # a warm-up and a capture
+    monkeypatch.setenv(cudnn.SWITCH_VARIABLE, "0")
+    gradients(made, 1, iterations=2)
+    assert made.step_graph.counts == {"captured": 2, "replayed": 0, "eager": 2}

@@ -19,8 +19,9 @@ import numpy as np
 import pytest
 from train_models import make_blobs, make_classifier
 
-from bigdl_py import backend, nn
+from bigdl_py import backend, kernels, nn
 from bigdl_py.autograd import ops
+from bigdl_py.autograd.ops import cublas, cudnn
 from bigdl_py.data import ArrayDataset
 from bigdl_py.optim import SGD, Adam, Step
 from bigdl_py.train import LocalOptimizer, MaxEpoch, MaxIteration, SeveralIteration
@@ -262,6 +263,41 @@ def test_a_change_of_hyperparameter_or_mode_makes_a_new_graph(change_of):
     eager = train_with(change_of, cuda_graphs=False)
     counts = captured.runner.step_graph.counts
     assert counts["captured"] == 2 and counts["eager"] == 2  # one warm-up + capture each
+    assert_same(weights(eager), weights(captured))
+
+
+# Route switches turned off after iteration 6 (as a user might between runs in a process);
+# the refusal the new signature's capture gets on the strict device, if any.
+ROUTE_SWITCHES = {
+    # cuDNN takes no strict-device arrays: the same launches, but a signature of its own
+    "cudnn": (cudnn.SWITCH_VARIABLE, None),
+    # products on CuPy's handle, which no graph captures: the rest of training is eager
+    "cublas": (cublas.SWITCH_VARIABLE, "on CuPy's own cuBLAS handle"),
+    # composed operations: the optimizer's update reads the host's learning rate
+    "fused_kernels": (kernels.SWITCH_VARIABLE, "update without a fused kernel"),
+}
+
+
+@pytest.mark.parametrize("switch", ROUTE_SWITCHES)
+def test_a_route_switch_makes_a_new_graph(monkeypatch, switch):
+    """A graph captured with a route on would replay it after the switch turned it off."""
+    variable, refusal = ROUTE_SWITCHES[switch]
+
+    def change_of(_optimizer):
+        return lambda: monkeypatch.setenv(variable, "0")
+
+    monkeypatch.delenv(variable, raising=False)
+    captured = train_with(change_of, cuda_graphs=True)
+    monkeypatch.delenv(variable)
+    eager = train_with(change_of, cuda_graphs=False)
+    graph = captured.runner.step_graph
+    if refusal is None:
+        assert graph.counts == {"captured": 2, "replayed": 8, "eager": 2}
+        assert not graph.refusals
+    else:  # iterations 2-6 captured and replayed, then all eager
+        assert graph.counts == {"captured": 1, "replayed": 4, "eager": 7}
+        (reason,) = graph.refusals.values()
+        assert refusal in reason
     assert_same(weights(eager), weights(captured))
 
 
