@@ -1,5 +1,6 @@
-"""Conv2d on a device (im2col and col2im kernels' references, 2-d GEMMs, reused scratch,
-on the strict device) against the host's route: outputs and all three gradients."""
+"""Conv2d on a device (im2col and col2im kernels' references, GEMMs on the cuBLAS route,
+reused scratch, on the strict device) against the host's route: outputs and all three
+gradients."""
 
 from __future__ import annotations
 
