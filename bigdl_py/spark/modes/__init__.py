@@ -42,6 +42,12 @@ reads back one :class:`~bigdl_py.spark.records.ChainResult` per partition. On th
 ``resume_states(shards, flat_size, count) -> list[dict]``
     A checkpoint's optimizer state (any mode's layout, any partition count) as this
     mode's ``count`` entries.
+``check_training(model, batch_size, num_partitions) -> int | None``, ``prepare(spec, setup)
+-> spec``, ``release()`` (optional)
+    For a mode that depends on the model (the pipeline cuts it into stages): what it can
+    check before any data is cached, and the partition count it trains on; its plan, made
+    once per ``optimize()`` with the data on the executors, and the run spec the executors
+    get; what it frees when ``optimize()`` ends.
 
 On the executors (inside the stages):
 
@@ -87,6 +93,7 @@ _MODULES = {
     "replicated": "bigdl_py.spark.modes.replicated:Replicated",
     "local-sgd": "bigdl_py.spark.modes.local_sgd:LocalSGD",
     "one-task": "bigdl_py.spark.modes.one_task:OneTask",
+    "pipeline": "bigdl_py.spark.modes.pipeline:Pipeline",
 }
 
 
@@ -128,6 +135,21 @@ class TrainingMode:
         """The job's RDD: its ``collect()`` gives one ``ChainResult`` per partition (see the
         module docstring)."""
         raise NotImplementedError
+
+    def check_training(self, model: Any, batch_size: int, num_partitions: int | None):
+        """Before any data is cached: check what the mode can of ``model`` and the batch,
+        and give the partition count it trains on (None: the caller's, or the cluster's
+        task slots)."""
+        return num_partitions
+
+    def prepare(self, spec: Any, setup: Any) -> Any:
+        """On the driver, once per ``optimize()`` (``setup``: the loop's ``TrainingSetup``,
+        the data on the executors): plan what depends on the model, and return the run spec
+        the executors get."""
+        return spec
+
+    def release(self) -> None:
+        """Free what :meth:`prepare` made (``optimize()`` has ended)."""
 
     def resume_states(self, shards: list[dict], flat_size: int, count: int) -> list[dict]:
         """A checkpoint's optimizer state (``shards``) as ``count`` slices of the vector."""

@@ -15,7 +15,6 @@ how ``LocalOptimizer(micro_batches=R x M)`` cuts the same batch.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -36,10 +35,8 @@ class PipelineLayout:
     unit_bounds: tuple[int, ...]  # stage k runs units unit_bounds[k] .. unit_bounds[k + 1] - 1
     recompute: bool
     plan: TickPlan
-    # Per stage: its module (a Broadcast of its cloudpickled bytes, read by its partitions
-    # only), each of its modules' position in the model (keys the random streams), and its
-    # buffers' names in the model.
-    stage_modules: tuple[Any, ...]
+    # Per stage: each of its modules' position in the model (keys the random streams), and
+    # its buffers' names in the model.
     positions: tuple[tuple[int | None, ...], ...]
     buffer_names: tuple[dict, ...]
 
@@ -89,3 +86,18 @@ class PipelineLayout:
                 rows.append((partition, share[low - position : high - position]))
             position += len(share)
         return rows
+
+
+def single_input(features: tuple) -> np.ndarray:
+    """The one feature array a pipeline's first stage takes.
+
+    Raises
+    ------
+    ValueError
+        When the data has several feature arrays (a chain of stages passes one tensor).
+    """
+    if len(features) != 1:
+        raise ValueError(
+            f"a Pipeline's first stage takes one input; the data has {len(features)} feature arrays"
+        )
+    return features[0]

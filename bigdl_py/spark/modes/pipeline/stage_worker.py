@@ -57,14 +57,14 @@ class _NoParameters:
 class StageWorker:
     """Partition ``partition``'s stage: its module, flat slice and micro-batches in flight."""
 
-    def __init__(self, spec: Any, layout: PipelineLayout, partition: int):
+    def __init__(self, spec: Any, layout: PipelineLayout, partition: int, stage_modules: tuple):
         self.partition = partition
         self.stage = layout.stage_of(partition)
         self.replica = layout.replica_of(partition)
         self.first = self.stage == 0
         self.last = self.stage == layout.stages - 1
         self.recompute = layout.recompute
-        self.module = cloudpickle.loads(layout.stage_modules[self.stage].value)
+        self.module = cloudpickle.loads(stage_modules[self.stage].value)
         self.device = backend.device("cpu")
         if spec.device != "cpu":
             from bigdl_py.spark.gpu import bind_task_device  # reads the task's GPU address

@@ -35,6 +35,7 @@ from typing import NamedTuple
 import numpy as np
 
 from bigdl_py.spark import collectives, owner_update, worker
+from bigdl_py.spark.modes.pipeline.layout import single_input
 from bigdl_py.spark.modes.pipeline.stage_worker import StageFiles, StageWorker
 from bigdl_py.spark.modes.stages import Stage, chain_end, stage_task
 from bigdl_py.spark.owner_update import clip_summed_slice, state_key, stops_chain, update_owned
@@ -124,10 +125,14 @@ class StageCarry(NamedTuple):
 
 
 class DriverStart(NamedTuple):
-    """What the chain's first iteration starts from: the driver's slices and statistics."""
+    """What a chain's tasks get from the driver: the first iteration's slices and running
+    statistics, and the stages' layers."""
 
     weights: tuple  # per stage, a zero-argument function returning its slice
     buffers: dict | None  # the model's running statistics (its names), or None
+    # Per stage, a Broadcast of its cloudpickled layers: in every tick's closure, because a
+    # task can read only the broadcasts its closure names (each reads its own stage's).
+    stage_modules: tuple
 
 
 def build_ticks(chain, plan, start: DriverStart):
@@ -153,7 +158,8 @@ def _tick(chain, stage: Stage, tick: int, start: DriverStart, iteration_ticks: i
         relative: chain.shares[relative] for relative in (now - 1, now) if 0 <= relative < count
     }
     schedule = chain.schedules[now - 1] if now >= 1 else None
-    driver = start if now <= 1 else None  # a rebuild in the chain's first iteration reads it
+    # The first iterations' ticks get the driver's slices (a rebuild there reads them).
+    driver = start if now <= 1 else start._replace(weights=None, buffers=None)
 
     def body(inp):
         task = _TickTask(inp.spec, stage, inp, tick, first, count, shares, driver)
@@ -190,7 +196,7 @@ class _TickTask:
 
     def _start_carry(self) -> StageCarry:
         buffers = None
-        if self.driver is not None and self.driver.buffers:
+        if self.driver.buffers:
             names = self.layout.buffer_names[self.stage_index]
             buffers = {
                 own: self.driver.buffers[model]
@@ -213,7 +219,9 @@ class _TickTask:
         if stage_worker is None and self.tick > 0:
             stage_worker = self._rebuild(carry)
         elif stage_worker is None:
-            stage_worker = StageWorker(self.spec, self.layout, self.partition)
+            stage_worker = StageWorker(
+                self.spec, self.layout, self.partition, self.driver.stage_modules
+            )
         # Until this task stores its new version, no later task may take this object for
         # the state before it (a retry in this worker rebuilds instead).
         worker.store(self.spec.run_id, key, stage_worker, version=("busy", self.tick))
@@ -230,7 +238,9 @@ class _TickTask:
 
     def _rebuild(self, carry: StageCarry):
         """A worker at the state the previous tick left (see ``stage_worker.py``)."""
-        stage_worker = StageWorker(self.spec, self.layout, self.partition)
+        stage_worker = StageWorker(
+            self.spec, self.layout, self.partition, self.driver.stage_modules
+        )
         relative = self.events.iteration - (1 if self.events.update else 0)
         done_before = self.plan.iteration_ticks if self.events.update else self.local_tick
         iteration = self.first + relative
@@ -273,7 +283,7 @@ class _TickTask:
                 ("pipeline-data", data_partition),
                 lambda handle=handle: load_partition_data(handle),
             )
-            array = targets if labels else features[0]
+            array = targets if labels else single_input(features)
             pieces.append(np.asarray(array[indices]))
         return np.concatenate(pieces)
 
