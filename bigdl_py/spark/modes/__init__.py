@@ -153,7 +153,11 @@ class TrainingMode:
 
     def resume_states(self, shards: list[dict], flat_size: int, count: int) -> list[dict]:
         """A checkpoint's optimizer state (``shards``) as ``count`` slices of the vector."""
-        if len(shards) == count and not (count > 1 and are_whole_states(shards, flat_size)):
+        if (
+            len(shards) == count
+            and not (count > 1 and are_whole_states(shards, flat_size))
+            and _balanced_slices(shards, flat_size)
+        ):
             return shards
         whole = whole_state(shards, flat_size)
         if any(_is_per_element(value) for value in whole.values()):
@@ -180,6 +184,18 @@ class TrainingMode:
 
 def _is_per_element(value: Any) -> bool:
     return isinstance(value, np.ndarray) and value.ndim == 1
+
+
+def _balanced_slices(shards: list[dict], flat_size: int) -> bool:
+    """Whether shard ``j`` holds slice ``j`` of the balanced split (the exact modes' layout;
+    a pipeline's shards follow its stages instead)."""
+    bounds = all_slice_bounds(flat_size, len(shards))
+    return all(
+        value.size == stop - start
+        for shard, (start, stop) in zip(shards, bounds, strict=True)
+        for value in shard.values()
+        if _is_per_element(value)
+    )
 
 
 def are_whole_states(shards: list[dict], flat_size: int) -> bool:

@@ -200,23 +200,10 @@ class Pipeline(TrainingMode):
         bounds = check_cut(units, self.stages, self.split)
         if not bounds:
             bounds = self._balanced(units, data, setup.batch_size)
-        stages = stage_modules(units, bounds)
-        offsets = check_flat_order(model, stages)
+        stages = self.plan(model, setup.batch_size, spec.l2_clipping is not None, bounds)
         self.release()
         self._broadcasts = [sc.broadcast(cloudpickle.dumps(stage)) for stage in stages]
-        self.layout = PipelineLayout(
-            stages=self.stages,
-            replicas=self.replicas,
-            micro_batches=self.micro_batches,
-            batch_size=setup.batch_size,
-            dtype=str(next(model.parameters()).data.dtype),
-            offsets=tuple(offsets),
-            unit_bounds=tuple(bounds),
-            recompute=self.recompute,
-            plan=TickPlan(self.stages, self.micro_batches, spec.l2_clipping is not None),
-            positions=tuple(tuple(module_positions(model, stage)) for stage in stages),
-            buffer_names=tuple(buffer_names(model, stage) for stage in stages),
-        )
+        offsets = self.layout.offsets
         sizes = [offsets[k + 1] - offsets[k] for k in range(self.stages)]
         logger.info(
             "Pipeline: %d stages of layers %s, %s parameters; %d micro-batches of %d samples",
@@ -227,6 +214,28 @@ class Pipeline(TrainingMode):
             self.layout.micro_batch_size,
         )
         return dataclasses.replace(spec, model=None)
+
+    def plan(
+        self, model: Any, batch_size: int, clipping_by_norm: bool, bounds: Sequence[int]
+    ) -> list:
+        """Lay the run out for ``model`` cut at unit ``bounds``: :attr:`layout`; returns the
+        stages' modules (made of the model's own layers) for the driver to ship."""
+        stages = stage_modules(model_units(model), bounds)
+        offsets = check_flat_order(model, stages)
+        self.layout = PipelineLayout(
+            stages=self.stages,
+            replicas=self.replicas,
+            micro_batches=self.micro_batches,
+            batch_size=batch_size,
+            dtype=str(next(model.parameters()).data.dtype),
+            offsets=tuple(offsets),
+            unit_bounds=tuple(bounds),
+            recompute=self.recompute,
+            plan=TickPlan(self.stages, self.micro_batches, clipping_by_norm),
+            positions=tuple(tuple(module_positions(model, stage)) for stage in stages),
+            buffer_names=tuple(buffer_names(model, stage) for stage in stages),
+        )
+        return stages
 
     def _balanced(self, units: list, data: Any, batch_size: int) -> list[int]:
         """Bounds balanced by bytes and time measured on a micro-batch of partition 0."""
