@@ -36,8 +36,10 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 from pyspark import cloudpickle
 
+from bigdl_py import backend
 from bigdl_py.spark.modes import TrainingMode, whole_state
 from bigdl_py.spark.modes.pipeline.cut import (
     balanced_bounds,
@@ -122,8 +124,23 @@ class Pipeline(TrainingMode):
             raise ValueError(f"Pipeline: recompute must be True or False, got {recompute!r}")
         self.recompute = recompute
         self.layout: PipelineLayout | None = None  # made by prepare()
+        self._driver_only()
+
+    def _driver_only(self) -> None:
+        """What stays on the driver: the executors get the mode inside the run spec."""
         self.last_reports: list[PipelineReport] = []  # the last job's, for benchmarks
         self._broadcasts: list = []
+        self._model = None  # the driver's model, whose statistics a run's first job reads
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        for name in ("last_reports", "_broadcasts", "_model"):
+            state.pop(name)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._driver_only()
 
     @property
     def partitions(self) -> int:
@@ -195,7 +212,7 @@ class Pipeline(TrainingMode):
             # One process: the stages share its memory whatever runs when; their ticks run
             # in turns instead of side by side.
             logger.warning("%s: the stages' tasks take turns (local mode)", message)
-        model = setup.model
+        model = self._model = setup.model
         units = model_units(model)
         bounds = check_cut(units, self.stages, self.split)
         if not bounds:
@@ -283,7 +300,15 @@ class Pipeline(TrainingMode):
         return run.finish_chain(results, chain, submitted, time.time())
 
     def _start(self, weights: tuple, chain: Any) -> DriverStart:
-        return DriverStart(weights, chain.buffers, tuple(self._broadcasts))
+        buffers = chain.buffers
+        if buffers is None and self._model is not None:
+            # A run's first job: the model's own statistics (a resume has just loaded them;
+            # the stages' shipped layers hold those of when the model was cut).
+            buffers = {
+                name: np.array(backend.as_numpy(value.data))
+                for name, value in self._model.named_buffers()
+            }
+        return DriverStart(weights, buffers or None, tuple(self._broadcasts))
 
     # --- optimizer state: stage k's slice, each partition of the stage a piece of it ------------
     def resume_states(self, shards: list[dict], flat_size: int, count: int) -> list[dict]:
@@ -312,8 +337,6 @@ class Pipeline(TrainingMode):
 
 def _cut(value: Any, start: int, stop: int) -> Any:
     """A per-element state array's ``[start:stop]``; scalars (step counts) as they are."""
-    import numpy as np
-
     if isinstance(value, np.ndarray) and value.ndim == 1:
         return np.array(value[start:stop])
     return value
