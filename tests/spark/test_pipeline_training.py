@@ -267,3 +267,26 @@ def test_a_pipelines_checkpoint_resumes_in_any_mode():
         np.concatenate([back[0]["momentum"], back[1]["momentum"]]), whole["momentum"]
     )
     assert back[0]["momentum"].size == (size + 1) // 2 and back[0]["step"] == 3  # balanced
+
+
+def test_the_spark_ml_estimator_trains_a_pipeline(spark):
+    from pyspark.ml.linalg import Vectors
+
+    from bigdl_py.spark.ml import NNClassifier
+
+    features, labels = blobs()
+    rows = [(Vectors.dense(f.tolist()), float(y)) for f, y in zip(features, labels, strict=True)]
+    frame = spark.createDataFrame(rows, ["features", "label"])
+    classifier = (
+        NNClassifier(network(), nn.NLLLoss())
+        .setBatchSize(BATCH)
+        .setEndWhen(MaxIteration(8))
+        .setOptimMethod(Adam(lr=0.05))
+        .setUpdateMode(Pipeline(stages=2, micro_batches=2))
+    )
+    assert classifier.getUpdateMode() == "pipeline:2:2:1"
+    with pytest.raises(ValueError, match="updateMode: a Pipeline with split="):
+        classifier.copy().setUpdateMode(Pipeline(2, split=[4]))
+    predicted = classifier.fit(frame).transform(frame).select("label", "prediction").collect()
+    accuracy = np.mean([row["label"] == row["prediction"] for row in predicted])
+    assert accuracy > 0.9

@@ -109,11 +109,15 @@ class TrainingMode:
         and local SGD: the whole state on every partition) continue each other's state.
     chains_with_global_norm_clipping : bool
         False when an iteration under ``L2NormClipping`` needs a job of its own.
+    reads_driver_weights : bool
+        False for a mode that ships the driver's weights its own way (the pipeline: each
+        stage its slice); its chains then have no ``get_weights``.
     """
 
     name = ""
     state_name = ""
     chains_with_global_norm_clipping = True
+    reads_driver_weights = True
 
     # --- the driver's side ------------------------------------------------------------
     def iterations_per_call(self, requested: int, spec: Any) -> int:

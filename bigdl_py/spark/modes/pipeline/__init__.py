@@ -105,6 +105,7 @@ class Pipeline(TrainingMode):
 
     name = "pipeline"
     state_name = "pipeline"
+    reads_driver_weights = False  # each stage is shipped its slice (run())
 
     def __init__(
         self,
@@ -274,6 +275,12 @@ class Pipeline(TrainingMode):
         return max(1, min(requested, (MAX_TICKS_PER_JOB - 1) // per_iteration))
 
     def build_chain(self, chain: Any) -> Any:
+        """The chain's job; the stages' slices come from ``chain.get_weights``. (:meth:`run`
+        ships each stage its own slice instead, and the driver none of the whole.)"""
+        if chain.get_weights is None:
+            raise RuntimeError(
+                "a Pipeline ships its stages' slices itself: run its chains with run()"
+            )
         get = chain.get_weights
         weights = tuple(
             (lambda start=start, stop=stop: get()[start:stop])
@@ -330,8 +337,19 @@ class Pipeline(TrainingMode):
         )
 
     def settings_name(self) -> str:
-        """The name with settings that ``resolve_mode`` turns back into this pipeline (the
-        Spark ML ``updateMode`` param; ``split`` and ``recompute`` have no place in it)."""
+        """The name with settings that ``resolve_mode`` turns back into this pipeline (how
+        the Spark ML ``updateMode`` param keeps it).
+
+        Raises
+        ------
+        ValueError
+            With ``split`` or ``recompute`` set: a name carries the three counts only.
+        """
+        if self.split is not None or self.recompute:
+            raise ValueError(
+                "a Pipeline with split= or recompute= has no name with settings; its name "
+                "keeps stages, micro_batches and replicas only"
+            )
         return f"pipeline:{self.stages}:{self.micro_batches}:{self.replicas}"
 
 
