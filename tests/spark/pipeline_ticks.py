@@ -5,17 +5,21 @@ It runs the tasks of every tick of ``modes/pipeline/ticks.py`` exactly as the ex
 (``stage_task`` and all), without Spark: the schedule, the stage workers and their
 rebuilds can be checked on many settings in seconds, and with ``forget=True`` every task
 finds an empty worker cache, as one that another Python worker ran before would (the
-rebuild path). The Spark runs of ``test_pipeline_training.py`` check the rest.
+path where a forward's graph is in another worker), and with ``lose_sums=True`` every
+tick finds the gradient sums of the ticks before it gone (the path of a tick Spark runs
+again after losing an executor). The Spark runs of ``test_pipeline_training.py`` check the
+rest.
 """
 
 from __future__ import annotations
 
 import copy
+import glob
+import os
 import uuid
 from typing import Any, NamedTuple
 
 import numpy as np
-from pyspark import cloudpickle
 
 from bigdl_py.optim import FlatParameters
 from bigdl_py.optim.sharding import all_slice_bounds
@@ -28,6 +32,7 @@ from bigdl_py.spark.modes.pipeline.cut import (
     forbidden_cuts,
     model_units,
 )
+from bigdl_py.spark.modes.pipeline.stage_worker import pickled_without_weights
 from bigdl_py.spark.modes.pipeline.ticks import DriverStart, PipelineReport, _tick
 from bigdl_py.spark.modes.stages import Stage, stage_task
 from bigdl_py.spark.partitioned_data import run_directory, write_partition_data
@@ -66,6 +71,7 @@ def run_ticks(
     l2_clipping=None,
     wire_dtype=None,
     forget: bool = False,
+    lose_sums: bool = False,
 ) -> Emulated:
     """Train ``model`` (left untouched) for ``iterations`` with ``pipeline``'s ticks."""
     model = copy.deepcopy(model)
@@ -100,7 +106,7 @@ def run_ticks(
         l2_clipping=l2_clipping,
         mode=pipeline,
     )
-    modules = tuple(_Broadcast(cloudpickle.dumps(stage)) for stage in stages)
+    modules = tuple(_Broadcast(pickled_without_weights(stage)) for stage in stages)
     buffers, losses, reports = None, [], []
     per_job = pipeline.iterations_per_call(iterations_per_job, spec)
     for first in range(0, iterations, per_job):
@@ -126,7 +132,9 @@ def run_ticks(
             _returning(weights[a:b].copy())
             for a, b in zip(pipeline.layout.offsets, pipeline.layout.offsets[1:], strict=False)
         )
-        rows = _run_chain(chain, DriverStart(slices, buffers, modules), pipeline, forget)
+        rows = _run_chain(
+            chain, DriverStart(slices, buffers, modules), pipeline, forget, lose_sums, spec
+        )
         results = sorted(
             (row for row in rows if isinstance(row, ChainResult)), key=lambda r: r.partition
         )
@@ -144,7 +152,7 @@ def _returning(value):
     return lambda: value
 
 
-def _run_chain(chain, start: DriverStart, pipeline, forget: bool) -> list:
+def _run_chain(chain, start: DriverStart, pipeline, forget: bool, lose_sums: bool, spec) -> list:
     """Every tick's tasks in turn; the last tick's output."""
     plan = pipeline.layout.plan
     total = plan.chain_ticks(chain.count)
@@ -163,6 +171,10 @@ def _run_chain(chain, start: DriverStart, pipeline, forget: bool) -> list:
                     outputs[destination].append(item)
             if forget:  # the next task of any partition finds this worker empty
                 worker.clear()
+        if lose_sums:
+            directory = run_directory(spec.state_dir, spec.run_id)
+            for path in glob.glob(os.path.join(directory, "pipeline-accumulated-*")):
+                os.remove(path)
         inputs = outputs
     return last
 

@@ -2,7 +2,9 @@
 ``LocalOptimizer(micro_batches=R x M, seed=0)`` on the same global batches: GPipe's grid of
 stages and micro-batches, with BatchNorm (per micro-batch) and dropout (the same masks),
 float32 and float64, recomputation, replicas, clipping, a graph model, a stage without
-parameters, and workers that forget everything between ticks (every task rebuilds)."""
+parameters, workers that forget everything between ticks (every backward runs its forward
+again) and ticks that find the gradient sums before them gone (every backward replays the
+ones before it)."""
 
 from __future__ import annotations
 
@@ -98,10 +100,23 @@ def test_gpipes_grid_equals_the_local_loop(stages, micro_batches, tmp_path):
 
 
 def test_float64_with_recomputation_and_forgetful_workers(tmp_path):
-    """Every task finds an empty worker cache: it rebuilds its stage from the weights file,
-    the carried statistics and the stashed inputs and gradients, to 1e-10 in float64."""
+    """Every task finds an empty worker cache: its stage's layers come from the broadcast,
+    its weights from the file, every backward runs its forward again; to 1e-10 in float64."""
     pipeline = Pipeline(3, 4, recompute=True)
     compare(pipeline, network(np.float64), tmp_path, dtype=np.float64, tolerance=1e-10, forget=True)
+
+
+def test_lost_gradient_sums_are_replayed_from_the_inputs_and_gradients(tmp_path):
+    """As a tick Spark runs again after losing an executor: the sum of the micro-batches
+    before it is gone, and it runs their backward passes again from the files of what came."""
+    compare(
+        Pipeline(2, 4),
+        network(np.float64),
+        tmp_path,
+        dtype=np.float64,
+        tolerance=1e-10,
+        lose_sums=True,
+    )
 
 
 def test_replicas_sum_their_gradients_under_both_clippings(tmp_path):

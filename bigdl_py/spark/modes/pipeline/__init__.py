@@ -37,7 +37,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from pyspark import cloudpickle
 
 from bigdl_py import backend
 from bigdl_py.spark.modes import TrainingMode, whole_state
@@ -54,6 +53,7 @@ from bigdl_py.spark.modes.pipeline.cut import (
 )
 from bigdl_py.spark.modes.pipeline.layout import PipelineLayout, single_input
 from bigdl_py.spark.modes.pipeline.schedule import TickPlan
+from bigdl_py.spark.modes.pipeline.stage_worker import parameter_shapes, pickled_without_weights
 from bigdl_py.spark.modes.pipeline.ticks import DriverStart, PipelineReport, build_ticks
 from bigdl_py.spark.records import ChainResult
 
@@ -220,7 +220,8 @@ class Pipeline(TrainingMode):
             bounds = self._balanced(units, data, setup.batch_size)
         stages = self.plan(model, setup.batch_size, spec.l2_clipping is not None, bounds)
         self.release()
-        self._broadcasts = [sc.broadcast(cloudpickle.dumps(stage)) for stage in stages]
+        # Each stage's layers without their weights: the tasks bind them to the slices.
+        self._broadcasts = [sc.broadcast(pickled_without_weights(stage)) for stage in stages]
         offsets = self.layout.offsets
         sizes = [offsets[k + 1] - offsets[k] for k in range(self.stages)]
         logger.info(
@@ -250,6 +251,7 @@ class Pipeline(TrainingMode):
             unit_bounds=tuple(bounds),
             recompute=self.recompute,
             plan=TickPlan(self.stages, self.micro_batches, clipping_by_norm),
+            parameter_shapes=tuple(parameter_shapes(stage) for stage in stages),
             positions=tuple(tuple(module_positions(model, stage)) for stage in stages),
             buffer_names=tuple(buffer_names(model, stage) for stage in stages),
         )

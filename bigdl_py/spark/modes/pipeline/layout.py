@@ -35,8 +35,9 @@ class PipelineLayout:
     unit_bounds: tuple[int, ...]  # stage k runs units unit_bounds[k] .. unit_bounds[k + 1] - 1
     recompute: bool
     plan: TickPlan
-    # Per stage: each of its modules' position in the model (keys the random streams), and
-    # its buffers' names in the model.
+    # Per stage: its parameters' shapes, each of its modules' position in the model (keys
+    # the random streams), and its buffers' names in the model.
+    parameter_shapes: tuple[tuple[tuple[int, ...], ...], ...]
     positions: tuple[tuple[int | None, ...], ...]
     buffer_names: tuple[dict, ...]
 

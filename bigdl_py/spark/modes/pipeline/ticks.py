@@ -20,14 +20,16 @@ schedule says stage ``k`` does at that tick, in this order:
    (global-norm clipping) the stage's squared norm to everyone.
 
 Each task also sends itself a :class:`StageCarry` (the small state that travels: losses so
-far, the running statistics, the history), and keeps the rest in its
-:class:`~bigdl_py.spark.modes.pipeline.stage_worker.StageWorker`. The last tick ends the
-chain as every mode does (``stages.chain_end``) and adds a :class:`PipelineReport` (when
-each tick ran, the stage's memory) for the benchmarks.
+far, the running statistics, the history); what is large (weights, the gradient so far)
+goes through the run's files (``stage_worker.py``): any worker on the host continues a
+partition. The last tick ends the chain as every mode does (``stages.chain_end``) and adds
+a :class:`PipelineReport` (when and where each tick ran, the stage's memory) for the
+benchmarks.
 """
 
 from __future__ import annotations
 
+import os
 import resource
 import time
 from typing import NamedTuple
@@ -36,7 +38,7 @@ import numpy as np
 
 from bigdl_py.spark import collectives, owner_update, worker
 from bigdl_py.spark.modes.pipeline.layout import single_input
-from bigdl_py.spark.modes.pipeline.stage_worker import StageFiles, StageWorker
+from bigdl_py.spark.modes.pipeline.stage_worker import StageFiles, StageRun
 from bigdl_py.spark.modes.stages import Stage, chain_end, stage_task
 from bigdl_py.spark.owner_update import clip_summed_slice, state_key, stops_chain, update_owned
 from bigdl_py.spark.partitioned_data import load_partition_data
@@ -81,13 +83,15 @@ class StageSquares(NamedTuple):
 
 
 class TickTime(NamedTuple):
-    """When one task of one tick ran, and its compute."""
+    """When and where one task of one tick ran, and its compute."""
 
     tick: int
     partition: int
     entered: float  # wall clock when the task entered Python
     seconds: float  # its forward, backward and update
     left: float  # wall clock when it handed its records on
+    worker: int  # the Python worker's process id
+    recomputed: int  # forwards run again in a backward (the graph was in another worker)
 
 
 class StageMemory(NamedTuple):
@@ -150,7 +154,7 @@ def build_ticks(chain, plan, start: DriverStart):
 
 def _tick(chain, stage: Stage, tick: int, start: DriverStart, iteration_ticks: int):
     """The body of tick ``tick``'s tasks; its closure holds only what the tick may read: the
-    shares of its iteration and the one before (a rebuild replays that one at an update),
+    shares of its iteration and the one before (an update may replay that one's backward),
     the schedule of the update it makes, the driver's start in the first iterations."""
     first, count = chain.first, chain.count
     now = tick // iteration_ticks  # the chain's iteration (count: the last tick's update)
@@ -158,7 +162,7 @@ def _tick(chain, stage: Stage, tick: int, start: DriverStart, iteration_ticks: i
         relative: chain.shares[relative] for relative in (now - 1, now) if 0 <= relative < count
     }
     schedule = chain.schedules[now - 1] if now >= 1 else None
-    # The first iterations' ticks get the driver's slices (a rebuild there reads them).
+    # The chain's first iteration, and its update, start from the driver's slices.
     driver = start if now <= 1 else start._replace(weights=None, buffers=None)
 
     def body(inp):
@@ -181,9 +185,46 @@ class _TickTask:
         self.stage_index = layout.stage_of(self.partition)
         self.replica = layout.replica_of(self.partition)
         self.events = self.plan.events(self.stage_index, tick, count)
-        self.local_tick = tick - self.events.iteration * self.plan.iteration_ticks
         self.files = StageFiles(spec, self.partition)
         self.compute = 0.0
+        self.recomputed = 0
+        self.kinds: dict = {}
+        self.latest_sum: np.ndarray | None = None  # the gradient sum this task wrote
+        self.optimizer_bytes = 0
+
+    # --- the tick -------------------------------------------------------------------------
+    def run(self, schedule):
+        carry, kinds = self._sorted_input()
+        self.kinds = kinds
+        out: list = []
+        weights = None
+        if self.events.update:
+            carry, weights = self._update(carry, kinds, schedule)
+            if self.events.end:
+                yield from self._end(carry, weights)
+                return
+        if not carry.halted and (
+            self.events.forward is not None or self.events.backward is not None
+        ):
+            carry = self._forward_backward(carry, kinds, out, weights)
+        if self.events.exchange:
+            self._exchange(carry, out)
+        if self.events.squares:
+            carry = self._squares(carry, kinds, out)
+        carry = carry._replace(ticks=carry.ticks + (self._timing(time.time()),))
+        yield from out
+        yield self.partition, carry
+
+    def _timing(self, left: float) -> TickTime:
+        return TickTime(
+            self.tick,
+            self.partition,
+            self.inp.entered,
+            self.compute,
+            left,
+            os.getpid(),
+            self.recomputed,
+        )
 
     # --- reading the tick's input ---------------------------------------------------------
     def _sorted_input(self):
@@ -191,7 +232,7 @@ class _TickTask:
         kinds: dict[type, list] = {}
         for record in rows:
             kinds.setdefault(type(record), []).append(record)
-        carry = (kinds.get(StageCarry) or [None])[0]
+        (carry,) = kinds.get(StageCarry) or [self._start_carry()]
         return carry, kinds
 
     def _start_carry(self) -> StageCarry:
@@ -207,75 +248,33 @@ class _TickTask:
         history = [] if self.partition == 0 else None
         return StageCarry(False, history, buffers, 0.0, 0, 0.0, (), None, (entered, entered), ())
 
-    # --- the worker of this partition -----------------------------------------------------
-    def _version(self, tick: int) -> tuple:
-        if tick < 0:
-            return ("updated", self.first - 1)
-        return ("tick", self.first, tick)
-
-    def _worker(self, carry: StageCarry):
-        key = ("pipeline-stage", self.partition)
-        stage_worker = worker.lookup(self.spec.run_id, key, version=self._version(self.tick - 1))
-        if stage_worker is None and self.tick > 0:
-            stage_worker = self._rebuild(carry)
-        elif stage_worker is None:
-            stage_worker = StageWorker(
-                self.spec, self.layout, self.partition, self.driver.stage_modules
-            )
-        # Until this task stores its new version, no later task may take this object for
-        # the state before it (a retry in this worker rebuilds instead).
-        worker.store(self.spec.run_id, key, stage_worker, version=("busy", self.tick))
-        return stage_worker
-
-    def _keep(self, stage_worker) -> None:
-        version = ("updated", self.first + self.count - 1) if self.events.end else None
-        worker.store(
-            self.spec.run_id,
-            ("pipeline-stage", self.partition),
-            stage_worker,
-            version=version or self._version(self.tick),
-        )
-
-    def _rebuild(self, carry: StageCarry):
-        """A worker at the state the previous tick left (see ``stage_worker.py``)."""
-        stage_worker = StageWorker(
-            self.spec, self.layout, self.partition, self.driver.stage_modules
-        )
-        relative = self.events.iteration - (1 if self.events.update else 0)
-        done_before = self.plan.iteration_ticks if self.events.update else self.local_tick
-        iteration = self.first + relative
-        stage_worker.start_iteration(iteration, self._weights_at_start(relative))
-        stage_worker.load_buffers(carry.buffers)
-        if carry.halted:
-            return stage_worker
-        for micro_batch in reversed(range(self.layout.micro_batches)):
-            if self.plan.backward_tick(self.stage_index, micro_batch) < done_before:
-                gradient = None
-                if not stage_worker.last:
-                    gradient = self.files.arrival("gradient", iteration, micro_batch)
-                stage_worker.backward(
-                    micro_batch,
-                    self._key(iteration, micro_batch),
-                    gradient,
-                    lambda m, relative=relative: self._inputs_of(relative, m, stage_worker),
-                )
-        return stage_worker
-
-    def _weights_at_start(self, relative: int) -> np.ndarray:
-        if relative == 0:
+    # --- weights, data and keys -----------------------------------------------------------
+    def _weights(self, iteration: int) -> np.ndarray:
+        """The stage's weights at ``iteration``'s start."""
+        if iteration == self.first:
             return np.asarray(self.driver.weights[self.stage_index]())
-        return self.files.weights_after(self.first + relative - 1)
+        return self.files.weights_after(iteration - 1)
 
-    # --- data and keys --------------------------------------------------------------------
+    def _stage_run(self, iteration: int, weights=None) -> StageRun:
+        run = StageRun(
+            self.spec,
+            self.layout,
+            self.partition,
+            self.driver.stage_modules,
+            iteration,
+            self._weights(iteration) if weights is None else weights,
+        )
+        return run
+
     def _key(self, iteration: int, micro_batch: int) -> tuple:
         return (self.spec.seed, iteration, self.replica * self.layout.micro_batches + micro_batch)
 
-    def _data(self, relative: int, micro_batch: int, labels: bool):
-        """Micro-batch ``micro_batch``'s features (or labels) of the chain's iteration
-        ``relative``, read from the data partitions' files."""
+    def _data(self, iteration: int, micro_batch: int, labels: bool):
+        """Micro-batch ``micro_batch``'s features (or labels) of ``iteration``, read from
+        the data partitions' files."""
         pieces = []
         for data_partition, indices in self.layout.micro_batch_rows(
-            self.shares[relative], self.replica, micro_batch
+            self.shares[iteration - self.first], self.replica, micro_batch
         ):
             handle = self.stage.handles[data_partition]
             features, targets = worker.fetch(
@@ -287,126 +286,135 @@ class _TickTask:
             pieces.append(np.asarray(array[indices]))
         return np.concatenate(pieces)
 
-    def _inputs_of(self, relative: int, micro_batch: int, stage_worker) -> tuple:
-        iteration = self.first + relative
-        if stage_worker.first:
-            inputs = self._data(relative, micro_batch, labels=False)
+    def _inputs_of(self, iteration: int, micro_batch: int) -> tuple:
+        """What micro-batch ``micro_batch``'s forward took: its input, and its labels on the
+        last stage (for a backward that runs the forward again)."""
+        last = self.stage_index == self.layout.stages - 1
+        if self.stage_index == 0:
+            inputs = self._data(iteration, micro_batch, labels=False)
+        elif micro_batch == self.events.forward:  # came in this tick (its file is on its way)
+            (arrived,) = self.kinds[Activation]
+            inputs = arrived.values
         else:
             inputs = self.files.arrival("input", iteration, micro_batch)
-        labels = self._data(relative, micro_batch, labels=True) if stage_worker.last else None
-        return inputs, labels
+        return inputs, self._data(iteration, micro_batch, labels=True) if last else None
 
-    # --- the tick -------------------------------------------------------------------------
-    def run(self, schedule):
-        carry, kinds = self._sorted_input()
-        if carry is None:
-            carry = self._start_carry()
-        stage_worker = self._worker(carry)
-        if self.tick == 0:
-            stage_worker.start_iteration(self.first, self._weights_at_start(0))
-            stage_worker.load_buffers(carry.buffers)
-        out: list = []
-        if self.events.update:
-            carry = self._update(stage_worker, carry, kinds, schedule)
-            if self.events.end:
-                yield from self._end(stage_worker, carry)
-                self._keep(stage_worker)
-                return
-        if not carry.halted:
-            carry = self._forward_backward(stage_worker, carry, kinds, out)
-        if self.events.exchange:
-            self._exchange(stage_worker, carry, out)
-        if self.events.squares:
-            carry = self._squares(stage_worker, carry, kinds, out)
-        if self.events.forward is not None or self.events.backward is not None:
-            carry = carry._replace(fb_clock=(carry.fb_clock[0], time.time()))
-        left = time.time()
-        timing = TickTime(self.tick, self.partition, self.inp.entered, self.compute, left)
-        carry = carry._replace(
-            buffers=stage_worker.buffers() or None, ticks=carry.ticks + (timing,)
-        )
-        self._keep(stage_worker)
-        yield from out
-        yield self.partition, carry
-
-    def _forward_backward(self, stage_worker, carry: StageCarry, kinds: dict, out: list):
+    # --- forward and backward -------------------------------------------------------------
+    def _forward_backward(self, carry: StageCarry, kinds: dict, out: list, weights):
         started = time.perf_counter()
-        relative = self.events.iteration
-        iteration = self.first + relative
-        next_stage = self.layout.partition_of(self.stage_index + 1, self.replica)
-        previous_stage = self.layout.partition_of(self.stage_index - 1, self.replica)
-        retain = self.stage.retain_from
+        iteration = self.first + self.events.iteration
+        run = self._stage_run(iteration, weights)
+        run.load_buffers(carry.buffers)
+        first, last = run.first, run.last
         micro_batch = self.events.forward
         if micro_batch is not None:
-            if stage_worker.first:
-                inputs = self._data(relative, micro_batch, labels=False)
+            if first:
+                inputs = self._data(iteration, micro_batch, labels=False)
             else:
                 (arrived,) = kinds[Activation]
                 inputs = arrived.values
-                self.files.save_arrival("input", iteration, micro_batch, inputs, retain)
-            labels = self._data(relative, micro_batch, labels=True) if stage_worker.last else None
-            result = stage_worker.forward(
-                micro_batch, self._key(iteration, micro_batch), inputs, labels
-            )
-            if stage_worker.last:
+                self.files.save_arrival("input", iteration, micro_batch, inputs)
+            labels = self._data(iteration, micro_batch, labels=True) if last else None
+            result = run.forward(micro_batch, self._key(iteration, micro_batch), inputs, labels)
+            if last:
                 carry = carry._replace(
                     loss_sum=carry.loss_sum + result, samples=carry.samples + len(labels)
                 )
             else:
-                out.append((next_stage, Activation(micro_batch, result)))
+                following = self.layout.partition_of(self.stage_index + 1, self.replica)
+                out.append((following, Activation(micro_batch, result)))
         micro_batch = self.events.backward
         if micro_batch is not None:
             gradient = None
-            if not stage_worker.last:
+            if not last:
                 (arrived,) = kinds[InputGradient]
                 gradient = arrived.values
-                self.files.save_arrival("gradient", iteration, micro_batch, gradient, retain)
-            input_gradient = stage_worker.backward(
+                self.files.save_arrival("gradient", iteration, micro_batch, gradient)
+            input_gradient = run.backward(
                 micro_batch,
                 self._key(iteration, micro_batch),
                 gradient,
-                lambda m: self._inputs_of(relative, m, stage_worker),
+                lambda m: self._inputs_of(iteration, m),
             )
             if input_gradient is not None:
-                out.append((previous_stage, InputGradient(micro_batch, input_gradient)))
+                previous = self.layout.partition_of(self.stage_index - 1, self.replica)
+                out.append((previous, InputGradient(micro_batch, input_gradient)))
+            self._accumulate(iteration, micro_batch, run.gradient())
+        self.recomputed += run.recomputed
         seconds = time.perf_counter() - started
         self.compute += seconds
-        return carry._replace(seconds=carry.seconds + seconds)
+        return carry._replace(
+            seconds=carry.seconds + seconds,
+            buffers=run.buffers() or None,
+            fb_clock=(carry.fb_clock[0], time.time()),
+        )
 
-    def _exchange(self, stage_worker, carry: StageCarry, out: list) -> None:
+    def _accumulate(self, iteration: int, micro_batch: int, gradient: np.ndarray) -> None:
+        """The gradient over micro-batches ``micro_batch .. M - 1``, to its file."""
+        if micro_batch < self.layout.micro_batches - 1:
+            gradient = self._accumulated(iteration, micro_batch + 1) + gradient
+        self.files.save_accumulated(iteration, micro_batch, gradient)
+        self.latest_sum = gradient
+
+    def _accumulated(self, iteration: int, micro_batch: int) -> np.ndarray:
+        """The gradient over micro-batches ``micro_batch .. M - 1``: its file, or, where it
+        is gone (a tick Spark runs again), their backward passes run again in order."""
+        saved = self.files.accumulated(iteration, micro_batch)
+        if saved is not None:
+            return np.asarray(saved)
+        run = self._stage_run(iteration)
+        for replayed in reversed(range(micro_batch, self.layout.micro_batches)):
+            gradient = None
+            if self.stage_index < self.layout.stages - 1:
+                gradient = self.files.arrival("gradient", iteration, replayed)
+            run.backward(
+                replayed,
+                self._key(iteration, replayed),
+                gradient,
+                lambda m: self._inputs_of(iteration, m),
+            )
+        self.recomputed += run.recomputed
+        return run.gradient()
+
+    # --- the exchange, the squares, the update --------------------------------------------
+    def _exchange(self, carry: StageCarry, out: list) -> None:
         layout = self.layout
         if layout.replicas > 1:
-            piece = collectives.whole_piece(
-                self.replica, stage_worker.gradient(), self.spec.wire_dtype
-            )
+            iteration = self.first + self.events.iteration
+            gradient = self.latest_sum  # stage 0's, of this tick
+            if gradient is None:
+                gradient = self._accumulated(iteration, 0)
+            piece = collectives.whole_piece(self.replica, gradient, self.spec.wire_dtype)
             for replica in range(layout.replicas):
                 out.append((layout.partition_of(self.stage_index, replica), ReplicaGradient(piece)))
         buffers = None
-        if self.replica == 0:
+        if self.replica == 0 and carry.buffers:
             names = layout.buffer_names[self.stage_index]
-            buffers = {names[own]: value for own, value in stage_worker.buffers().items()}
+            buffers = {names[own]: value for own, value in carry.buffers.items()}
         report = IterationReport(self.partition, carry.loss_sum, carry.samples, carry.seconds, None)
         for destination in range(layout.partitions):
             sent = report._replace(buffers=buffers) if destination == 0 else report
             out.append((destination, sent))
 
-    def _summed(self, stage_worker, kinds: dict) -> np.ndarray:
-        """The stage's gradient summed over its replicas, in replica order."""
+    def _summed(self, iteration: int, kinds: dict, halted: bool) -> np.ndarray:
+        """The stage's gradient of ``iteration`` summed over its replicas, in replica order."""
+        if halted:
+            start, stop = self.layout.stage_bounds(self.stage_index)
+            return np.zeros(stop - start, dtype=np.dtype(self.layout.dtype))
         if self.layout.replicas == 1:
-            return stage_worker.gradient()
+            return self._accumulated(iteration, 0)
         pieces = [record.piece for record in kinds.get(ReplicaGradient, [])]
         _, summed = collectives.combine_owned_pieces(
             self.partition, pieces, self.layout.replicas, "sum", "the pipeline's AllReduce"
         )
         return summed
 
-    def _squares(self, stage_worker, carry: StageCarry, kinds: dict, out: list) -> StageCarry:
+    def _squares(self, carry: StageCarry, kinds: dict, out: list) -> StageCarry:
         started = time.perf_counter()
-        summed = self._summed(stage_worker, kinds)
         iteration = self.first + self.events.iteration
-        stage_worker.summed = summed
-        self.files.save_summed(iteration, summed, self.stage.retain_from)
-        clipped = clip_summed_slice(self.spec, summed.copy())
+        summed = self._summed(iteration, kinds, carry.halted)
+        self.files.save_summed(iteration, summed)
+        clipped = clip_summed_slice(self.spec, np.array(summed))
         squares = float(self.spec.l2_clipping.sum_of_squares(clipped)) if clipped.size else 0.0
         if self.replica == 0:
             for destination in range(self.layout.partitions):
@@ -414,21 +422,21 @@ class _TickTask:
         self.compute += time.perf_counter() - started
         return carry._replace(reports=tuple(kinds.get(IterationReport, ())))
 
-    def _update(self, stage_worker, carry: StageCarry, kinds: dict, schedule) -> StageCarry:
+    def _update(self, carry: StageCarry, kinds: dict, schedule):
+        """Step iteration ``first + events.iteration - 1``: the carry for the next one, and
+        the new weights."""
         started = time.perf_counter()
         spec, layout = self.spec, self.layout
         iteration = self.first + self.events.iteration - 1
         reports = carry.reports or tuple(kinds.get(IterationReport, ()))
+        reports = sorted(reports, key=lambda report: report.partition)  # not arrival order
         if layout.plan.clipping_by_norm:
-            summed = stage_worker.summed
-            if summed is None:
-                summed = self.files.summed(iteration)
+            summed = self.files.summed(iteration)
             by_stage = {record.stage: record.squares for record in kinds.get(StageSquares, ())}
             squares = sum(by_stage[stage] for stage in sorted(by_stage))
             l2_scale = spec.l2_clipping.scale_for(float(squares))
         else:
-            summed, l2_scale = self._summed(stage_worker, kinds), None
-        reports = sorted(reports, key=lambda report: report.partition)  # not arrival order
+            summed, l2_scale = self._summed(iteration, kinds, carry.halted), None
         loss_sum = float(sum(report.loss_sum for report in reports))
         samples = int(sum(report.samples for report in reports))
         weights = update_owned(
@@ -436,8 +444,8 @@ class _TickTask:
             self.partition,
             iteration,
             self.stage.resumed_states,
-            stage_worker.weights(),
-            summed,
+            np.array(self._weights(iteration)),
+            np.array(summed),
             loss_sum,
             schedule,
             start=layout.offsets[self.stage_index],
@@ -446,7 +454,12 @@ class _TickTask:
             retain_from=self.stage.retain_from,
             background=True,
         )
-        self.files.save_weights(iteration, weights, self.stage.retain_from)
+        self.files.save_weights(iteration, weights)
+        self.optimizer_bytes = _state_bytes(spec, self.partition, iteration)
+        # Another partition's task may come to this worker next: its state is on disk.
+        worker.forget(spec.run_id, state_key(spec, self.partition))
+        self.files.forget_sums(iteration)
+        self.files.forget_before(self.first)
         history, halted = carry.history, carry.halted
         if not halted:
             if history is not None:
@@ -460,12 +473,8 @@ class _TickTask:
             for report in reports:
                 merged.update(report.buffers or {})
             model_buffers = merged or None
-        if not self.events.end:
-            stage_worker.start_iteration(iteration + 1, weights)
-        else:
-            stage_worker.flat.load(np.asarray(weights, dtype=stage_worker.flat.weights.dtype))
         self.compute += time.perf_counter() - started
-        return carry._replace(
+        carry = carry._replace(
             halted=halted,
             history=history,
             loss_sum=0.0,
@@ -474,46 +483,42 @@ class _TickTask:
             reports=(),
             model_buffers=model_buffers,
         )
+        return carry, weights
 
-    def _end(self, stage_worker, carry: StageCarry):
+    def _end(self, carry: StageCarry, weights: np.ndarray):
         """The chain's result: this partition's piece of the weights, and its report."""
-        spec, layout = self.spec, self.layout
-        iteration = self.first + self.count - 1
-        low, high = layout.sub_slice(self.partition)
+        low, high = self.layout.sub_slice(self.partition)
         carried = Carried(None, carry.halted, carry.history, carry.model_buffers)
-        bounds = layout.partition_bounds()
-        state = owner_update.travelling_state(spec, self.partition, iteration, bounds)
+        bounds = self.layout.partition_bounds()
+        iteration = self.first + self.count - 1
+        state = owner_update.travelling_state(self.spec, self.partition, iteration, bounds)
         yield chain_end(
-            self.partition,
-            stage_worker.weights()[low:high],
-            carried,
-            carry.fb_clock,
-            self.inp.entered,
-            state,
+            self.partition, weights[low:high], carried, carry.fb_clock, self.inp.entered, state
         )
-        left = time.time()
-        timing = TickTime(self.tick, self.partition, self.inp.entered, self.compute, left)
-        yield PipelineReport(self.partition, carry.ticks + (timing,), _memory(self, stage_worker))
+        ticks = carry.ticks + (self._timing(time.time()),)
+        yield PipelineReport(self.partition, ticks, self._memory(weights))
+
+    def _memory(self, weights: np.ndarray) -> StageMemory:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+        return StageMemory(
+            self.partition,
+            self.stage_index,
+            int(weights.nbytes),
+            int(weights.nbytes),  # the gradient: one value a weight
+            int(self.optimizer_bytes),
+            int(peak),
+        )
 
 
-def _memory(task: _TickTask, stage_worker) -> StageMemory:
-    spec = task.spec
-    method = worker.lookup(
-        spec.run_id, state_key(spec, task.partition), version=task.first + task.count - 1
-    )
-    optimizer = 0
-    if method is not None:
-        optimizer = sum(
+def _state_bytes(spec, partition: int, iteration: int) -> int:
+    """Bytes of the per-weight arrays of ``partition``'s optimizer state after ``iteration``."""
+    method = worker.lookup(spec.run_id, state_key(spec, partition), version=iteration)
+    if method is None:
+        return 0
+    return int(
+        sum(
             np.asarray(value).nbytes
             for value in method.state_dict().values()
             if isinstance(value, np.ndarray)
         )
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
-    return StageMemory(
-        task.partition,
-        task.stage_index,
-        int(stage_worker.flat.weights.nbytes),
-        int(stage_worker.flat.gradients.nbytes),
-        int(optimizer),
-        int(peak),
     )
