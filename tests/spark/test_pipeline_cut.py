@@ -140,3 +140,10 @@ def test_measuring_leaves_statistics_generators_and_gradients_as_they_were():
         np.testing.assert_array_equal(np.asarray(value), before[name], err_msg=name)
     assert dropout.generator is generator
     assert not flat.gradients.any() and flat.is_attached()
+
+
+def test_stages_the_largest_does_not_constrain_are_balanced_too():
+    """One layer holds most bytes: it is a stage of its own, and the rest split evenly
+    (not one small layer a stage and the others in the last)."""
+    costs = [UnitCost(64, 0.0)] + [UnitCost(1, 0.0)] * 4
+    assert balanced_bounds(costs, 3, set()) == [0, 1, 3, 5]

@@ -122,9 +122,11 @@ def check_cut(units: Sequence[Module], stages: int, split: Sequence[int] | None)
 def balanced_bounds(costs: Sequence[UnitCost], stages: int, forbidden: set[int]) -> list[int]:
     """Stage bounds that minimise the largest stage share of bytes or seconds.
 
-    A stage's load is ``max(its bytes / all bytes, its seconds / all seconds)``; the cut
-    makes the largest load as small as it can be (dynamic programming over the contiguous
-    cuts, ``O(K n^2)`` for ``n`` units), and among equal cuts takes the earliest.
+    A stage's load is ``max(its bytes / all bytes, its seconds / all seconds)``. The cut
+    makes the largest load as small as it can be and, among the cuts that do, the sum of
+    the squared loads (so stages that the largest does not constrain are balanced too):
+    two passes of dynamic programming over the contiguous cuts, ``O(K n^2)`` for ``n``
+    units; among equal cuts the earliest.
     """
     count = len(costs)
     total_bytes = sum(cost.parameter_bytes for cost in costs) or 1
@@ -138,22 +140,28 @@ def balanced_bounds(costs: Sequence[UnitCost], stages: int, forbidden: set[int])
             (second_sums[stop] - second_sums[start]) / total_seconds,
         )
 
-    # best[k][j]: the smallest largest load of units 0..j-1 cut into k stages.
-    best = np.full((stages + 1, count + 1), np.inf)
-    choice = np.zeros((stages + 1, count + 1), dtype=np.int64)
-    best[0][0] = 0.0
-    for k in range(1, stages + 1):
-        for stop in range(k, count + 1):
-            for start in range(k - 1, stop):
-                if start > 0 and start in forbidden:
-                    continue
-                value = max(best[k - 1][start], load(start, stop))
-                if value < best[k][stop] - 1e-12:
-                    best[k][stop], choice[k][stop] = value, start
-    bounds = [count]
-    for k in range(stages, 0, -1):
-        bounds.append(int(choice[k][bounds[-1]]))
-    return bounds[::-1]
+    def best_cut(combine, cap: float) -> tuple[float, list[int]]:
+        # best[k][j]: the best value of units 0..j-1 cut into k stages of load <= cap.
+        best = np.full((stages + 1, count + 1), np.inf)
+        choice = np.zeros((stages + 1, count + 1), dtype=np.int64)
+        best[0][0] = 0.0
+        for k in range(1, stages + 1):
+            for stop in range(k, count + 1):
+                for start in range(k - 1, stop):
+                    stage_load = load(start, stop)
+                    if (start > 0 and start in forbidden) or stage_load > cap:
+                        continue
+                    value = combine(best[k - 1][start], stage_load)
+                    if value < best[k][stop] - 1e-12:
+                        best[k][stop], choice[k][stop] = value, start
+        bounds = [count]
+        for k in range(stages, 0, -1):
+            bounds.append(int(choice[k][bounds[-1]]))
+        return float(best[stages][count]), bounds[::-1]
+
+    largest, _ = best_cut(max, np.inf)
+    _, bounds = best_cut(lambda total, stage_load: total + stage_load**2, largest + 1e-9)
+    return bounds
 
 
 def measure_unit_costs(
