@@ -72,6 +72,7 @@ def run_ticks(
     wire_dtype=None,
     forget: bool = False,
     lose_sums: bool = False,
+    device: str = "cpu",
 ) -> Emulated:
     """Train ``model`` (left untouched) for ``iterations`` with ``pipeline``'s ticks."""
     model = copy.deepcopy(model)
@@ -105,6 +106,7 @@ def run_ticks(
         constant_clipping=constant_clipping,
         l2_clipping=l2_clipping,
         mode=pipeline,
+        device=device,
     )
     modules = tuple(_Broadcast(pickled_without_weights(stage)) for stage in stages)
     buffers, losses, reports = None, [], []

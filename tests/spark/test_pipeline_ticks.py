@@ -149,3 +149,14 @@ def test_a_graph_model_and_a_stage_without_parameters(tmp_path):
 def test_chains_of_one_iteration_and_wire_compression_of_nothing(tmp_path):
     """One iteration a job: every chain starts from the driver's slices and statistics."""
     compare(Pipeline(2, 4), network(), tmp_path, iterations_per_job=1, iterations=2)
+
+
+@pytest.mark.gpu
+def test_the_stages_on_a_gpu(tmp_path):
+    """Each stage's layers on the task's GPU (cuda:0 here), the weights and gradients
+    copied there and back: the local loop's weights to float32 rounding across kernels."""
+    from bigdl_py import backend
+
+    if not backend.cuda_available():
+        pytest.skip("needs CuPy and a CUDA device")
+    compare(Pipeline(2, 2), network(), tmp_path, tolerance=1e-4, device="gpu")

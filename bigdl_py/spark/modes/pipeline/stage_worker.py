@@ -122,6 +122,7 @@ class StageRun:
             from bigdl_py.spark.gpu import bind_task_device  # reads the task's GPU address
 
             self.device = bind_task_device(spec.device)
+            self.module.to(self.device)  # its buffers (running statistics) there too
         self.module.train()
         self.weights = backend.to_device(weights, self.device)
         xp = self.device.xp
