@@ -22,10 +22,12 @@ random layer draws a micro-batch's masks from a stream keyed by the seed, the it
 the micro-batch and its position in the model, wherever it runs
 (``bigdl_py.train.rng.keyed_random_streams``).
 
-The stages' tasks keep their state in their Python workers between ticks and write what a
-rebuild needs to the host's disk (``stage_worker.py``), so the pipeline needs executors
-that share a disk (local, local-cluster, one host, or ``BIGDL_PY_STATE_DIR`` on a shared
-file system), as the one-task mode does.
+Spark gives a partition's successive ticks to whichever Python worker is free, so a tick
+keeps nothing in its worker that a later one needs: the weights after each update and the
+gradient summed over the micro-batches so far are files in the run's directory, which every
+worker on the host maps (``stage_worker.py``). The pipeline therefore needs executors that
+share a disk (local, local-cluster, one host, or ``BIGDL_PY_STATE_DIR`` on a shared file
+system), as the one-task mode does.
 """
 
 from __future__ import annotations
@@ -95,7 +97,9 @@ class Pipeline(TrainingMode):
     recompute : bool
         GPipe's re-materialisation: keep only each stage's input per micro-batch and run
         its forward again in the backward — a micro-batch's activations in memory at a time
-        instead of ``M``, for one more forward; the same results.
+        instead of ``M``, for one more forward; the same results. Without it a forward's
+        graph waits in its Python worker and serves the backward that lands in that worker;
+        a backward in another worker runs the forward again all the same.
 
     Examples
     --------
