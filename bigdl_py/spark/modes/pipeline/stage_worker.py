@@ -128,7 +128,8 @@ class StageRun:
         xp = self.device.xp
         with self.device.activate():
             self.gradients = xp.zeros(len(weights), dtype=weights.dtype)
-        bind(self.module, layout.parameter_shapes[self.stage], self.weights, self.gradients)
+        self.shapes = layout.parameter_shapes[self.stage]
+        self._bind()
         self.random_modules = [
             (position, module)
             for position, module in zip(
@@ -137,6 +138,11 @@ class StageRun:
             if position is not None
         ]
         self.recomputed = 0  # forwards run again in a backward (no graph in this worker)
+
+    def _bind(self) -> None:
+        """The worker's layers of this stage on this run's weights and gradients (another
+        run of the same stage in the task may have bound them to its own since)."""
+        bind(self.module, self.shapes, self.weights, self.gradients)
 
     # --- running statistics ---------------------------------------------------------------
     def buffers(self) -> dict[str, np.ndarray]:
@@ -156,6 +162,7 @@ class StageRun:
     ) -> Any:
         """Run ``micro_batch`` forward: the output for the next stage, or, on the last
         stage, the micro-batch's summed loss (a float)."""
+        self._bind()
         start, end, result = self._forward(key, inputs, labels)
         if not self.recompute:
             _keep_graph(
@@ -173,6 +180,7 @@ class StageRun:
         """Run ``micro_batch`` backward from ``output_gradient`` (None on the last stage,
         whose loss starts it), adding to :attr:`gradients`: the gradient of the stage's
         input for the stage before (None on stage 0)."""
+        self._bind()
         graph = _taken_graph(self.spec.run_id, (self.partition, self.iteration), micro_batch)
         if graph is None:
             inputs, labels = inputs_of(micro_batch)
