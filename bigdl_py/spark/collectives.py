@@ -107,27 +107,13 @@ def shuffle_to_owners(rdd: RDD, count: int) -> RDD:
         and partitioner.partitionFunc is owner_partition
     ):
         return rdd  # already where partitionBy would put it: no shuffle, nothing to split
-    return send_to_owners(rdd, count).mapPartitions(
-        shuffle_records.join_large_values, preservesPartitioning=True
-    )
-
-
-def send_to_owners(rdd: RDD, count: int) -> RDD:
-    """The shuffle of :func:`shuffle_to_owners` without its receiving half: large values
-    still in pieces (:func:`shuffle_records.join_large_values` puts them back together).
-
-    Its result is the JVM's partitioned RDD itself, so RDDs sent this way (with the same
-    ``count``) are co-partitioned: ``SparkContext.union`` of them keeps ``count``
-    partitions, partition ``j`` of the union holding every one's partition ``j``, and
-    one Python task reads them all (a training mode that reads one stage's input beside an
-    earlier one's).
-    """
     split = functools.partial(
         shuffle_records.split_large_values,
         chunk_bytes=shuffle_records.CHUNK_BYTES,
         split_above=shuffle_records.SPLIT_ABOVE,
     )
-    return rdd.mapPartitionsWithIndex(split).partitionBy(count, owner_partition)
+    partitioned = rdd.mapPartitionsWithIndex(split).partitionBy(count, owner_partition)
+    return partitioned.mapPartitions(shuffle_records.join_large_values, preservesPartitioning=True)
 
 
 def owner_partition(key: int) -> int:
