@@ -4,6 +4,7 @@ Runs with plain Python (Spark local mode, ``local[*]``) or with spark-submit:
 
     python jobs/train_lenet.py
     python jobs/train_lenet.py --epochs 3 --optimizer adam --lr 0.001
+    python jobs/train_lenet.py --update pipeline --stages 2 --micro-batches 4
     spark-submit --master spark://host:7077 --properties-file conf/spark-defaults.conf \\
         --py-files dist/bigdl_py.zip jobs/train_lenet.py --partitions 4
 
@@ -40,7 +41,7 @@ from bigdl_py import nn  # noqa: E402
 from bigdl_py.data import fashion_mnist  # noqa: E402
 from bigdl_py.models import lenet5  # noqa: E402
 from bigdl_py.optim import SGD, Adam  # noqa: E402
-from bigdl_py.spark import LocalSGD  # noqa: E402
+from bigdl_py.spark import LocalSGD, Pipeline  # noqa: E402
 from bigdl_py.spark.distri_optimizer import DistriOptimizer  # noqa: E402
 from bigdl_py.spark.session import get_spark, task_slots  # noqa: E402
 from bigdl_py.spark.settings import MAX_ITERATIONS_PER_JOB  # noqa: E402
@@ -86,7 +87,7 @@ def parse_arguments(argv=None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--update",
-        choices=("auto", "sharded", "replicated", "local-sgd", "one-task"),
+        choices=("auto", "sharded", "replicated", "local-sgd", "one-task", "pipeline"),
         default="auto",
         help="auto (default): one-task in local mode; on a cluster replicated with 16 "
         "iterations per job for small models, else sharded (docs/deploy.md); one-task: "
@@ -95,7 +96,35 @@ def parse_arguments(argv=None) -> argparse.Namespace:
         "BigDL's AllReduce, each partition steps its slice (two stages per iteration); "
         "replicated: every partition steps the whole vector "
         "(one stage per iteration); local-sgd: each partition trains its own replica for "
-        "--period iterations, then the replicas are averaged (not exact)",
+        "--period iterations, then the replicas are averaged (not exact); pipeline: the "
+        "model cut into --stages stages, one a partition, each batch in --micro-batches "
+        "micro-batches (GPipe's schedule, exact)",
+    )
+    parser.add_argument(
+        "--stages",
+        type=whole_number(1),
+        default=2,
+        help="with --update pipeline: stages the model is cut into (default 2)",
+    )
+    parser.add_argument(
+        "--micro-batches",
+        type=whole_number(1),
+        default=4,
+        help="with --update pipeline: micro-batches of each batch (default 4); with "
+        "--replicas they must divide --batch-size",
+    )
+    parser.add_argument(
+        "--replicas",
+        type=whole_number(1),
+        default=1,
+        help="with --update pipeline: pipelines side by side (default 1); the partitions "
+        "are stages x replicas",
+    )
+    parser.add_argument(
+        "--recompute",
+        action="store_true",
+        help="with --update pipeline: keep only each stage's inputs and recompute its "
+        "forward in the backward (less memory, the same results)",
     )
     parser.add_argument(
         "--period",
@@ -155,6 +184,20 @@ def main(argv=None) -> float:
     return accuracy
 
 
+def training_mode(arguments: argparse.Namespace):
+    """``DistriOptimizer(update=)`` for the command line: a name, or a mode object."""
+    if arguments.update == "local-sgd":
+        return LocalSGD(period=arguments.period)
+    if arguments.update == "pipeline":
+        return Pipeline(
+            stages=arguments.stages,
+            micro_batches=arguments.micro_batches,
+            replicas=arguments.replicas,
+            recompute=arguments.recompute,
+        )
+    return arguments.update
+
+
 def train(arguments: argparse.Namespace, spark, output: str):
     """Train LeNet-5 and test it; the model, the curves and (unless --summary-dir is given)
     the summaries go into the folder ``output``. Returns the test accuracy and the
@@ -164,7 +207,10 @@ def train(arguments: argparse.Namespace, spark, output: str):
     if arguments.limit is not None:
         train_features = train_features[: arguments.limit]
         train_labels = train_labels[: arguments.limit]
+    update = training_mode(arguments)
     partitions = arguments.partitions or task_slots(spark.sparkContext)
+    if arguments.update == "pipeline" and arguments.partitions is None:
+        partitions = update.partitions  # one a stage of each replica
     print(
         f"Fashion-MNIST: {len(train_labels)} training and {len(test_labels)} test images; "
         f"{partitions} partitions on {spark.sparkContext.master}",
@@ -186,11 +232,7 @@ def train(arguments: argparse.Namespace, spark, output: str):
         end_trigger=MaxEpoch(arguments.epochs),
         num_partitions=partitions,
         wire_dtype=arguments.wire_dtype,
-        update=(
-            LocalSGD(period=arguments.period)
-            if arguments.update == "local-sgd"
-            else arguments.update
-        ),
+        update=update,
         iterations_per_job=arguments.iterations_per_job,
         seed=arguments.seed,
         device=arguments.device,

@@ -56,6 +56,9 @@ def _parse(job: str, argv: list[str]):
             "--iterations-per-job: must be an integer from 1",
         ),
         ("train_lenet", ["--period", "0"], "--period: must be an integer >= 1"),
+        ("train_lenet", ["--stages", "0"], "--stages: must be an integer >= 1"),
+        ("train_lenet", ["--micro-batches", "0"], "--micro-batches: must be an integer >= 1"),
+        ("train_lenet", ["--replicas", "x"], "--replicas: must be an integer >= 1"),
         ("train_lenet", ["--seed", "-1"], "--seed: must be an integer >= 0"),
         ("train_lenet", ["--epochs", "0"], "--epochs: must be an integer >= 1"),
         ("train_lenet", ["--batch-size", "x"], "--batch-size: must be an integer >= 1, got 'x'"),
@@ -123,3 +126,14 @@ def test_ncf_checks_another_runs_checkpoints_before_spark(tmp_path, capsys):
     assert "set_checkpoint" not in error  # an API the job's user cannot call
     arguments = _parse("train_ncf", ["--checkpoint-dir", folder, "--overwrite-checkpoints"])
     assert arguments.overwrite_checkpoints
+
+
+def test_lenet_trains_a_pipeline_of_the_stages_asked_for():
+    train_lenet = pytest.importorskip("train_lenet")
+    arguments = argparse.Namespace(
+        update="pipeline", stages=3, micro_batches=8, replicas=2, recompute=True, period=8
+    )
+    mode = train_lenet.training_mode(arguments)
+    assert (mode.stages, mode.micro_batches, mode.replicas, mode.recompute) == (3, 8, 2, True)
+    assert mode.partitions == 6
+    assert train_lenet.training_mode(argparse.Namespace(update="sharded")) == "sharded"

@@ -9,7 +9,8 @@
 - :mod:`bigdl_py.spark.wire` — how array slices travel through a shuffle (fp16/bf16 option).
 - :mod:`bigdl_py.spark.distri_optimizer` — ``DistriOptimizer``: BigDL's synchronous
   data-parallel training loop; ``update=`` picks a training mode (``"auto"``, ``"sharded"``,
-  ``"replicated"``, ``LocalSGD(period=k)``; one file each in :mod:`bigdl_py.spark.modes`).
+  ``"replicated"``, ``LocalSGD(period=k)``, ``Pipeline(stages=K, micro_batches=M)``; one file
+  or package each in :mod:`bigdl_py.spark.modes`).
   Its machinery: ``settings`` (the caller's settings, typed, and the run's plan),
   ``partitioned_data`` (the data on the executors), ``replica`` (a partition's model and
   forward-backward), ``owner_update`` (the owner's step and state store), ``records``
@@ -52,6 +53,7 @@ _LAZY = {
     "DistriOptimizer": "bigdl_py.spark.distri_optimizer",
     "DistributedTrainingError": "bigdl_py.spark.partitioned_data",
     "LocalSGD": "bigdl_py.spark.modes.local_sgd",
+    "Pipeline": "bigdl_py.spark.modes.pipeline",
     "PartitionedBatchPlan": "bigdl_py.spark.batch_plan",
 }
 
@@ -61,6 +63,7 @@ __all__ = [
     "DistributedTrainingError",
     "LocalSGD",
     "PartitionedBatchPlan",
+    "Pipeline",
     "NNClassifier",
     "NNClassifierModel",
     "NNEstimator",

@@ -31,7 +31,7 @@ from bigdl_py.optim import ConstantClipping, L2NormClipping, OptimMethod
 from bigdl_py.optim.flat_parameters import FlatParameters
 from bigdl_py.spark.batch_plan import PartitionedBatchPlan, PlannedDataset
 from bigdl_py.spark.dataframe import prepare_training_input
-from bigdl_py.spark.modes import TrainingMode
+from bigdl_py.spark.modes import TrainingMode, resolve_mode
 from bigdl_py.spark.partitioned_data import (
     DistributedTrainingError,
     PartitionedData,
@@ -144,6 +144,7 @@ class SparkRunner(IterationRunner):
             # Where no disk is shared, the optimizer state travels with the jobs.
             carry_state=not executors.shared_disk,
         )
+        self.spec = self.mode.prepare(self.spec, setup)  # a pipeline cuts the model here
         self._resume_states = None
         self._pending_metric = None
         self.iterations_per_call = self.mode.iterations_per_call(
@@ -303,6 +304,9 @@ class SparkRunner(IterationRunner):
             self.sync_model()
             self.run.close()
             self.run = None
+        mode = getattr(self, "mode", None)
+        if mode is not None:
+            mode.release()
 
 
 def _is_schedule_key(key: str) -> bool:
@@ -349,7 +353,7 @@ class DistriOptimizer(BaseOptimizer):
         Where the executors share no disk, each job's last update also returns the optimizer
         state, which the driver ships to the next job's first update (a task on another host
         finds no state file): the state's bytes cross the network once per job.
-    update : {"auto", "sharded", "replicated", "local-sgd", "one-task"} or a mode object
+    update : {"auto", "sharded", "replicated", "local-sgd", "one-task", "pipeline"} or a mode object
         How the partitions' gradients become new weights (one file per mode in
         :mod:`bigdl_py.spark.modes`). ``"sharded"`` (BigDL's AllReduce): partition ``j``
         receives slice ``j`` of every gradient, steps that slice with the optimizer state
@@ -372,6 +376,10 @@ class DistriOptimizer(BaseOptimizer):
         rule comes from bench/RESULTS.md (LeNet-5, 89 KB: replicated 1.6-1.8x faster at
         batch 128; the CIFAR CNN, 4.5 MB: the two within noise; the shuffle's cost grows
         past 16 MB per receiver); :mod:`bigdl_py.spark.modes.auto` gives the numbers.
+        ``Pipeline(stages=K, micro_batches=M, replicas=R)`` (``"pipeline:K:M:R"``) is model
+        parallelism: the model is cut into ``K`` stages, partition ``k`` holds stage ``k``'s
+        layers and their optimizer state only, and each iteration is GPipe's schedule in one
+        Spark job (:class:`bigdl_py.spark.Pipeline`; ``num_partitions`` is ``K x R``).
         ``LocalSGD(period=k, warmup_iterations=w)`` (``"local-sgd"``: ``k = 8``, ``w = 0``)
         is not exact: after ``w`` synchronous iterations every partition trains its own
         replica for ``k`` iterations, then the replicas are averaged — one Spark stage per
@@ -449,6 +457,12 @@ class DistriOptimizer(BaseOptimizer):
             skip_nonfinite_batches=skip_nonfinite_batches,
             progress=progress,
         )
+
+        if not (isinstance(update, str) and update == "auto"):
+            # A mode that depends on the model (the pipeline) checks it before data is cached.
+            num_partitions = resolve_mode(update).check_training(
+                model, self.batch_size, num_partitions
+            )
 
         def check_input(data, sc, num_partitions):
             return prepare_training_input(

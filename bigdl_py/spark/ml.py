@@ -479,6 +479,7 @@ class NNEstimator(Estimator, NNEstimatorParams, _NNStage, MLReadable):
 
     def _fit(self, dataset: DataFrame) -> NNModel:
         from bigdl_py.spark.distri_optimizer import DistriOptimizer
+        from bigdl_py.spark.modes import resolve_mode
         from bigdl_py.spark.session import (
             CONNECT_TRAINING_ALTERNATIVE,
             require_classic_spark,
@@ -488,7 +489,12 @@ class NNEstimator(Estimator, NNEstimatorParams, _NNStage, MLReadable):
         require_classic_spark(dataset, f"{type(self).__name__}.fit", CONNECT_TRAINING_ALTERNATIVE)
         training = self._training_columns(dataset)
         spark = dataset.sparkSession
-        partitions = self.getNumPartitions() or task_slots(spark.sparkContext)
+        partitions = self.getNumPartitions()
+        if partitions is None and self.getUpdateMode() != "auto":
+            # A mode may train on a partition count of its own (a pipeline's stages).
+            mode = resolve_mode(self.getUpdateMode())
+            partitions = mode.check_training(self.model, self.getBatchSize(), None)
+        partitions = partitions or task_slots(spark.sparkContext)
         # One shuffle of the selected columns gives every replica a non-empty, balanced share
         # whatever the DataFrame's own partitioning (filters and joins leave empty ones).
         training = training.repartition(partitions)

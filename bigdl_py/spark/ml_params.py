@@ -166,11 +166,17 @@ def _positive_int(name: str):
 
 def to_update_mode(value: Any) -> str:
     """A training mode's name (``"auto"``, ``"sharded"``, ``"replicated"``, ``"local-sgd"``,
-    ``"local-sgd:PERIOD[:WARMUP]"``) or a ``LocalSGD`` object, as its name."""
+    ``"local-sgd:PERIOD[:WARMUP]"``, ``"pipeline:STAGES[:MICRO_BATCHES[:REPLICAS]]"``) or a
+    ``LocalSGD`` or ``Pipeline`` object, as its name."""
     from bigdl_py.spark.modes import resolve_mode
 
     if hasattr(value, "period") and hasattr(value, "warmup_iterations"):  # a LocalSGD
         value = f"local-sgd:{value.period}:{value.warmup_iterations}"
+    if hasattr(value, "settings_name"):  # a Pipeline
+        try:
+            value = value.settings_name()
+        except ValueError as error:
+            raise ValueError(f"updateMode: {error}") from None
     mode = TypeConverters.toString(value)
     if mode != "auto":
         try:
@@ -346,8 +352,9 @@ class NNEstimatorParams(NNModelParams, HasLabelCol):
         'mode; on a cluster replicated for small models, else sharded), "one-task" (the '
         'partitions train at once in one task per job: exact), "sharded" (BigDL\'s '
         'AllReduce: each partition steps its slice), "replicated" (every partition steps the '
-        'whole vector: one Spark stage per iteration) or "local-sgd:PERIOD[:WARMUP]" (periodic '
-        "model averaging, not exact)",
+        'whole vector: one Spark stage per iteration), "local-sgd:PERIOD[:WARMUP]" (periodic '
+        'model averaging, not exact) or "pipeline:STAGES[:MICRO_BATCHES[:REPLICAS]]" (the '
+        "model cut into stages, GPipe's schedule: exact)",
         typeConverter=to_update_mode,
     )
     seed = Param(

@@ -117,11 +117,19 @@ _pending_writes: list[Future] = []
 _writer: ThreadPoolExecutor | None = None
 
 
-def _save_in_background(store: ShardStateStore, iteration, state, retain_from) -> None:
+def save_in_background(store: ShardStateStore, iteration, state, retain_from) -> None:
+    """``store.save(iteration, state, retain_from)`` on this worker's writer thread; the task
+    must be wrapped in :func:`finishing_state_writes`."""
+    write_in_background(store.save, iteration, state, retain_from)
+
+
+def write_in_background(write: Callable, *arguments: Any) -> None:
+    """``write(*arguments)`` on this worker's writer thread, in the order submitted; the task
+    must be wrapped in :func:`finishing_state_writes`."""
     global _writer
     if _writer is None:  # made in the Python worker, after its fork from the daemon
         _writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bigdl-state-writer")
-    _pending_writes.append(_writer.submit(store.save, iteration, state, retain_from))
+    _pending_writes.append(_writer.submit(write, *arguments))
 
 
 def wait_for_state_writes() -> None:
@@ -212,7 +220,7 @@ def keep_shard(
     worker.store(spec.run_id, state_key(spec, shard), method, version=iteration)
     store = _state_store(spec, shard)
     if background:
-        _save_in_background(store, iteration, method.state_dict(), retain_from)
+        save_in_background(store, iteration, method.state_dict(), retain_from)
     else:
         store.save(iteration, method.state_dict(), retain_from)
 

@@ -125,7 +125,8 @@ class SparkTrainingRun:
             num_partitions=self.num_partitions,
             bounds=self.slice_bounds,
             load_spec=self.spec_loader(),
-            get_weights=self.ship(self.weights),
+            # (A mode that ships the weights its own way makes no whole-vector broadcast.)
+            get_weights=self.ship(self.weights) if self.mode.reads_driver_weights else None,
             get_frozen=get_frozen,
             initial_states=self.initial_optim_states,
             handles={handle["partition"]: handle for handle in self.data.partition_handles},

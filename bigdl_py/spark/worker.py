@@ -161,6 +161,12 @@ def fetch(run_id: Hashable, partition: Hashable, build: Callable[[], T], version
     return value
 
 
+def forget(run_id: Hashable, partition: Hashable) -> None:
+    """Drop the entry for ``(run_id, partition)`` from this worker, if there is one (state a
+    worker must not keep once its task is done: another partition's may come next)."""
+    _runs.get(run_id, {}).pop(partition, None)
+
+
 def release_run(run_id: Hashable) -> int:
     """Drop every entry of ``run_id`` from this worker; returns how many there were."""
     return len(_runs.pop(run_id, {}))

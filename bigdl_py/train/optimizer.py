@@ -48,6 +48,18 @@ class LocalOptimizer(BaseOptimizer):
         each iteration (``bigdl_py.step_graph``; ``docs/gpu.md`` gives the rules and what
         makes a step run eagerly). Default: on, unless the environment variable
         ``BIGDL_PY_CUDA_GRAPHS=0``; False turns it off. No effect on the CPU.
+    micro_batches : int
+        Run each batch as this many contiguous micro-batches in turn, their gradients added
+        up (gradient accumulation): the same update as one pass over the batch, except that
+        BatchNorm normalises each micro-batch by its own statistics and updates its running
+        statistics once per micro-batch — a GPipe pipeline's arithmetic, which
+        ``DistriOptimizer(update=Pipeline(...))`` runs over Spark (default 1).
+    seed : int, optional
+        Key every micro-batch's random layers (dropout) by ``(seed, iteration,
+        micro-batch, layer)`` instead of drawing from their generators in turn, so the
+        masks do not depend on what ran before: a resumed run draws the same ones, and a
+        pipeline run with the same ``seed`` too (``bigdl_py.train.rng.keyed_random_streams``).
+        With ``micro_batches`` > 1 or a seed, an iteration runs eagerly (no CUDA graph).
 
     Examples
     --------
@@ -69,11 +81,23 @@ class LocalOptimizer(BaseOptimizer):
         skip_nonfinite_batches: bool = False,
         progress: bool | Progress = True,
         cuda_graphs: bool | None = None,
+        micro_batches: int = 1,
+        seed: int | None = None,
     ):
         if cuda_graphs is not None and not isinstance(cuda_graphs, bool):
             raise TypeError(
                 f"LocalOptimizer: cuda_graphs must be True, False or None, got {cuda_graphs!r}"
             )
+        if (
+            isinstance(micro_batches, bool)
+            or not isinstance(micro_batches, int)
+            or micro_batches < 1
+        ):
+            raise ValueError(
+                f"LocalOptimizer: micro_batches must be a positive integer, got {micro_batches!r}"
+            )
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+            raise ValueError(f"LocalOptimizer: seed must be a non-negative integer, got {seed!r}")
         super().__init__(
             model,
             as_array_dataset(training_set, "training_set"),
@@ -81,7 +105,7 @@ class LocalOptimizer(BaseOptimizer):
             optim_method,
             end_trigger,
             batch_size,
-            LocalRunner(cuda_graphs),
+            LocalRunner(cuda_graphs, micro_batches, seed),
             skip_nonfinite_batches=skip_nonfinite_batches,
             progress=progress,
         )

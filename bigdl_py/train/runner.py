@@ -73,6 +73,7 @@ driver's instance too, so ``learning_rate()`` stays right).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -81,11 +82,12 @@ import numpy as np
 
 from bigdl_py import backend
 from bigdl_py.autograd.tensor import Tensor
+from bigdl_py.data import MiniBatch
 from bigdl_py.optim import FlatParameters
 from bigdl_py.step_graph import StepGraph
 from bigdl_py.train import batches as batch_io
 from bigdl_py.train.metrics import ValidationMethod, ValidationResult
-from bigdl_py.train.rng import load_model_rng_state, model_rng_state
+from bigdl_py.train.rng import keyed_random_streams, load_model_rng_state, model_rng_state
 from bigdl_py.train.route_settings import route_settings
 
 
@@ -244,10 +246,21 @@ class LocalRunner(IterationRunner):
     captured in a CUDA graph after a warm-up and replayed, its batch copied into the
     graph's input buffers (the labels too: the criterion then checks them on the device).
     ``cuda_graphs=False`` (or ``BIGDL_PY_CUDA_GRAPHS=0``) runs it as before, eagerly.
+
+    ``micro_batches`` > 1 runs each batch as that many contiguous micro-batches in turn
+    (``numpy.array_split``), their gradients added up: BatchNorm normalises each by its own
+    statistics and updates its running statistics once per micro-batch, as a GPipe
+    pipeline does. With a ``seed``, each micro-batch's random layers draw from streams keyed
+    by ``(seed, iteration, micro-batch, layer)`` (:func:`~bigdl_py.train.rng.keyed_random_streams`).
+    Either runs the iteration eagerly (no CUDA graph).
     """
 
-    def __init__(self, cuda_graphs: bool | None = None):
+    def __init__(
+        self, cuda_graphs: bool | None = None, micro_batches: int = 1, seed: int | None = None
+    ):
         self.cuda_graphs = cuda_graphs
+        self.micro_batches = micro_batches
+        self.seed = seed
 
     def prepare(self, setup: TrainingSetup) -> None:
         super().prepare(setup)
@@ -270,6 +283,8 @@ class LocalRunner(IterationRunner):
     ) -> IterationResult:
         setup = self.setup
         batch = batch_io.training_batch(setup.training_set, epoch, batch_index, indices)
+        if self.micro_batches > 1 or self.seed is not None:
+            return self._micro_batch_iteration(batch, iteration)
         if self.on_device and self.step_graph.enabled:
             inputs = [*batch.features, batch_io.host_labels(batch)]
             loss = self.step_graph.run(self._device_step, inputs, self._step_key())
@@ -287,6 +302,43 @@ class LocalRunner(IterationRunner):
         if applied:
             loss.backward()
             for clipping in setup.clippings:  # each clips the whole vector in place
+                clipping.clip_(self.flat.gradients)
+            setup.optim_method.step(self.flat.weights, self.flat.gradients)
+        setup.optim_method.on_iteration_end(iteration + 1)
+        return IterationResult(loss_value, batch.size, applied)
+
+    def _micro_batch_iteration(self, batch: MiniBatch, iteration: int) -> IterationResult:
+        """One iteration as ``micro_batches`` forward-backward passes whose gradients add up
+        to the batch's mean loss's (see the class docstring)."""
+        setup = self.setup
+        self.flat.zero_grad()
+        losses = []
+        pieces = np.array_split(np.arange(batch.size), self.micro_batches)
+        for number, piece in enumerate(pieces):
+            if len(piece) == 0:
+                continue
+            labels = batch_io.host_labels(batch)[piece]
+            part = MiniBatch(tuple(array[piece] for array in batch.features), labels)
+            streams = contextlib.nullcontext()
+            if self.seed is not None:
+                key = (self.seed, iteration, number)
+                streams = keyed_random_streams(enumerate(self._modules), key)
+            with streams:
+                output = batch_io.forward(setup.model, part, self.device)
+            loss = setup.criterion(
+                output, batch_io.criterion_target(setup.criterion, part, self.device)
+            )
+            losses.append(loss.data * len(piece))
+            (loss * (len(piece) / batch.size)).backward()
+        if self.on_device:
+            mean = sum(losses[1:], losses[0]) / batch.size
+            self._update_if_finite(mean)
+            setup.optim_method.on_iteration_end(iteration + 1)
+            return IterationResult(DeviceLoss(mean), batch.size, applied=None)
+        loss_value = float(sum(float(piece_loss) for piece_loss in losses) / batch.size)
+        applied = bool(np.isfinite(loss_value))
+        if applied:
+            for clipping in setup.clippings:
                 clipping.clip_(self.flat.gradients)
             setup.optim_method.step(self.flat.weights, self.flat.gradients)
         setup.optim_method.on_iteration_end(iteration + 1)
@@ -311,13 +363,18 @@ class LocalRunner(IterationRunner):
     def _backward_and_update(self, loss: Any) -> None:
         """Backward, clipping and the update, gated on the device by a finite loss (in stop
         mode, by every loss so far being finite)."""
+        loss.backward()
+        self._update_if_finite(loss.data)
+
+    def _update_if_finite(self, loss: Any) -> None:
+        """Clipping and the update of the gradients backward left, gated on the device by a
+        finite ``loss`` (a 0-d device array; in stop mode, by every loss so far being finite)."""
         setup = self.setup
-        xp = backend.array_module(loss.data)
-        apply = xp.isfinite(loss.data)
+        xp = backend.array_module(loss)
+        apply = xp.isfinite(loss)
         if self._healthy is not None:  # stopping: nothing updates after the first NaN/Inf
             xp.logical_and(self._healthy, apply, out=self._healthy)
             apply = self._healthy
-        loss.backward()
         for clipping in setup.clippings:
             clipping.clip_(self.flat.gradients)
         setup.optim_method.step(self.flat.weights, self.flat.gradients, apply_if=apply)

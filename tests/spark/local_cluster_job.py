@@ -16,9 +16,12 @@ serves every check, one after another:
    picked up from the host-local state files. The final weights must equal an uninterrupted
    run's: for the exact modes a LocalOptimizer on the same global batches, for local SGD
    (``local-sgd:K``) the same DistriOptimizer run first without a kill. The worker starts a
-   new executor JVM for the one killed; the next update waits for it.
+   new executor JVM for the one killed; the next update waits for it. A pipeline
+   (``pipeline:K:M``) holds in whichever of its two stages the killed JVM runs.
+3. A pipeline of more stages than the cluster's two task slots is refused, by name.
 
-Prints one ``RESULT {json}`` line: ``{"collectives": {...}, "modes": {UPDATE: {...}}}``.
+Prints one ``RESULT {json}`` line: ``{"collectives": {...}, "modes": {UPDATE: {...}},
+"pipeline_refused": message}``.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ from blob_data import (  # beside this script, so on its sys.path
 
 from bigdl_py import nn
 from bigdl_py.optim import SGD
-from bigdl_py.spark import collectives
+from bigdl_py.spark import Pipeline, collectives
 from bigdl_py.spark.distri_optimizer import DistriOptimizer
 from bigdl_py.spark.session import RECOMMENDED_CONF, get_spark, task_slots
 from bigdl_py.train import MaxIteration
@@ -158,6 +161,10 @@ def survive_a_killed_executor(sc, update: str, iterations_per_job: int) -> dict:
     features, labels = blobs(samples=601)
 
     def distri_optimizer(model):
+        mode = update
+        if update.startswith("pipeline"):  # a hold in each stage: the split keeps them apart
+            stages, micro_batches = (int(n) for n in update.split(":")[1:3])
+            mode = Pipeline(stages, micro_batches, split=[3])
         return DistriOptimizer(
             model,
             (features, labels),
@@ -166,7 +173,7 @@ def survive_a_killed_executor(sc, update: str, iterations_per_job: int) -> dict:
             batch_size=64,
             end_trigger=MaxIteration(ITERATIONS),
             iterations_per_job=iterations_per_job,
-            update=update,
+            update=mode,
             progress=False,
         )
 
@@ -177,7 +184,13 @@ def survive_a_killed_executor(sc, update: str, iterations_per_job: int) -> dict:
     jvms_before = wait_for_two_executors(sc)
     signals = tempfile.mkdtemp(prefix="bigdl_py-kill-")
     hold = HoldUntilKilled(signals, jvms_before[-1])
-    optimizer = distri_optimizer(nn.Sequential(hold, classifier()))
+    if update.startswith("pipeline"):
+        first, tanh, second, log_softmax = classifier().children()
+        stage_hold = HoldUntilKilled(signals, jvms_before[-1])  # the same files: holds once
+        model = nn.Sequential(hold, first, tanh, stage_hold, second, log_softmax)
+    else:
+        model = nn.Sequential(hold, classifier())
+    optimizer = distri_optimizer(model)
     killed = []
     run_iterations = optimizer.runner.run_iterations
 
@@ -235,6 +248,27 @@ def survive_a_killed_executor(sc, update: str, iterations_per_job: int) -> dict:
     return report
 
 
+def refuse_more_stages_than_slots() -> str:
+    """The error of a pipeline of three stages on two task slots (none is trained)."""
+    features, labels = blobs()
+    optimizer = DistriOptimizer(
+        nn.Sequential(*classifier().children()),
+        (features, labels),
+        nn.NLLLoss(),
+        SGD(lr=0.1),
+        batch_size=30,
+        end_trigger=MaxIteration(1),
+        update=Pipeline(stages=3),
+        progress=False,
+    )
+    with optimizer:
+        try:
+            optimizer.optimize()
+        except ValueError as error:
+            return str(error)
+    return "not refused"
+
+
 def main(iterations_per_job: int, updates: list[str]) -> None:
     spark = get_spark(MASTER, app_name="bigdl_py-local-cluster-test")
     sc = spark.sparkContext
@@ -242,6 +276,7 @@ def main(iterations_per_job: int, updates: list[str]) -> None:
     report = {"collectives": collectives_report(sc), "modes": {}}
     for update in updates:
         report["modes"][update] = survive_a_killed_executor(sc, update, iterations_per_job)
+    report["pipeline_refused"] = refuse_more_stages_than_slots()
     spark.stop()
     print("RESULT " + json.dumps(report), flush=True)
 

@@ -14,9 +14,9 @@ JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "local_cluster_jo
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(JOB)))
 
 # Starting a standalone master, two workers and two executor JVMs takes 20-70 s on 2 cores;
-# the application then trains three times, with an executor killed in each.
+# the application then trains four times, with an executor killed in each.
 TIMEOUT_SECONDS = 600
-KILLED_EXECUTOR_UPDATES = ["sharded", "replicated", "local-sgd:4"]
+KILLED_EXECUTOR_UPDATES = ["sharded", "replicated", "local-sgd:4", "pipeline:2:2"]
 
 
 def _job_environment(*paths: str) -> dict:
@@ -69,6 +69,13 @@ def test_collectives_run_on_separate_executor_jvms(local_cluster_report):
     for name, error in report["max_abs_errors"].items():
         assert error <= 1e-5, name
     assert report["barrier_messages"] == [["0", "1"], ["0", "1"]]
+
+
+@pytest.mark.slow
+@pytest.mark.spark
+def test_a_pipeline_of_more_stages_than_task_slots_is_refused(local_cluster_report):
+    message = local_cluster_report["pipeline_refused"]
+    assert "needs 3 task slots, one a stage, and the cluster has 2" in message
 
 
 @pytest.mark.slow

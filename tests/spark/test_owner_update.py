@@ -63,7 +63,7 @@ def test_a_task_ends_only_after_its_background_writes(tmp_path, rng):
     state = adam_like_state(rng)
 
     def task(partition, rows):
-        owner_update._save_in_background(store, partition, state, None)
+        owner_update.save_in_background(store, partition, state, None)
         yield from rows
 
     rows = list(owner_update.finishing_state_writes(task)(5, iter(["a", "b"])))
@@ -76,7 +76,7 @@ def test_a_failed_background_write_fails_the_task(tmp_path):
     store = ShardStateStore(str(tmp_path / "missing-directory"), 0)
 
     def task(partition, rows):
-        owner_update._save_in_background(store, partition, {"step": 1}, None)
+        owner_update.save_in_background(store, partition, {"step": 1}, None)
         yield from rows
 
     with pytest.raises(FileNotFoundError):

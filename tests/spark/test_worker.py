@@ -89,6 +89,16 @@ def test_release_run_drops_its_entries_only():
     assert worker.stats().entries == 1
 
 
+def test_forget_drops_one_entry_only():
+    worker.store("run-a", 0, "state 0", version=3)
+    worker.store("run-a", 1, "state 1", version=3)
+    worker.forget("run-a", 0)
+    worker.forget("run-a", 7)  # nothing there: nothing to do
+    worker.forget("run-b", 0)
+    assert worker.lookup("run-a", 0, version=3) is None
+    assert worker.lookup("run-a", 1, version=3) == "state 1"
+
+
 def test_least_recently_used_runs_are_evicted_beyond_the_limit():
     for run in range(worker.MAX_RUNS):
         worker.store(run, 0, run)

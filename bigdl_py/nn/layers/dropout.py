@@ -38,6 +38,24 @@ class Dropout(Module):
         self.seed = None if seed is None else check_int(seed, "seed", type(self).__name__, 0)
         self._generator = None if seed is None else np.random.default_rng(self.seed)
 
+    @property
+    def generator(self) -> np.random.Generator | None:
+        """The layer's own generator (None: it draws from the one the dropout ops share).
+
+        A training loop that keys the random streams (``bigdl_py.train.rng``) sets it for a
+        forward pass and puts the previous one back after.
+        """
+        return self._generator
+
+    @generator.setter
+    def generator(self, generator: np.random.Generator | None) -> None:
+        if generator is not None and not isinstance(generator, np.random.Generator):
+            raise TypeError(
+                f"{type(self).__name__}.generator must be a numpy.random.Generator or None, "
+                f"got {type(generator).__name__}"
+            )
+        self._generator = generator
+
     def forward(self, x):
         return ops.dropout(x, self.p, training=self.training, rng=self._generator)
 

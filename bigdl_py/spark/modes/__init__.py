@@ -42,6 +42,12 @@ reads back one :class:`~bigdl_py.spark.records.ChainResult` per partition. On th
 ``resume_states(shards, flat_size, count) -> list[dict]``
     A checkpoint's optimizer state (any mode's layout, any partition count) as this
     mode's ``count`` entries.
+``check_training(model, batch_size, num_partitions) -> int | None``, ``prepare(spec, setup)
+-> spec``, ``release()`` (optional)
+    For a mode that depends on the model (the pipeline cuts it into stages): what it can
+    check before any data is cached, and the partition count it trains on; its plan, made
+    once per ``optimize()`` with the data on the executors, and the run spec the executors
+    get; what it frees when ``optimize()`` ends.
 
 On the executors (inside the stages):
 
@@ -87,6 +93,7 @@ _MODULES = {
     "replicated": "bigdl_py.spark.modes.replicated:Replicated",
     "local-sgd": "bigdl_py.spark.modes.local_sgd:LocalSGD",
     "one-task": "bigdl_py.spark.modes.one_task:OneTask",
+    "pipeline": "bigdl_py.spark.modes.pipeline:Pipeline",
 }
 
 
@@ -102,11 +109,15 @@ class TrainingMode:
         and local SGD: the whole state on every partition) continue each other's state.
     chains_with_global_norm_clipping : bool
         False when an iteration under ``L2NormClipping`` needs a job of its own.
+    reads_driver_weights : bool
+        False for a mode that ships the driver's weights its own way (the pipeline: each
+        stage its slice); its chains then have no ``get_weights``.
     """
 
     name = ""
     state_name = ""
     chains_with_global_norm_clipping = True
+    reads_driver_weights = True
 
     # --- the driver's side ------------------------------------------------------------
     def iterations_per_call(self, requested: int, spec: Any) -> int:
@@ -129,9 +140,28 @@ class TrainingMode:
         module docstring)."""
         raise NotImplementedError
 
+    def check_training(self, model: Any, batch_size: int, num_partitions: int | None):
+        """Before any data is cached: check what the mode can of ``model`` and the batch,
+        and give the partition count it trains on (None: the caller's, or the cluster's
+        task slots)."""
+        return num_partitions
+
+    def prepare(self, spec: Any, setup: Any) -> Any:
+        """On the driver, once per ``optimize()`` (``setup``: the loop's ``TrainingSetup``,
+        the data on the executors): plan what depends on the model, and return the run spec
+        the executors get."""
+        return spec
+
+    def release(self) -> None:
+        """Free what :meth:`prepare` made (``optimize()`` has ended)."""
+
     def resume_states(self, shards: list[dict], flat_size: int, count: int) -> list[dict]:
         """A checkpoint's optimizer state (``shards``) as ``count`` slices of the vector."""
-        if len(shards) == count and not (count > 1 and are_whole_states(shards, flat_size)):
+        if (
+            len(shards) == count
+            and not (count > 1 and are_whole_states(shards, flat_size))
+            and _balanced_slices(shards, flat_size)
+        ):
             return shards
         whole = whole_state(shards, flat_size)
         if any(_is_per_element(value) for value in whole.values()):
@@ -158,6 +188,18 @@ class TrainingMode:
 
 def _is_per_element(value: Any) -> bool:
     return isinstance(value, np.ndarray) and value.ndim == 1
+
+
+def _balanced_slices(shards: list[dict], flat_size: int) -> bool:
+    """Whether shard ``j`` holds slice ``j`` of the balanced split (the exact modes' layout;
+    a pipeline's shards follow its stages instead)."""
+    bounds = all_slice_bounds(flat_size, len(shards))
+    return all(
+        value.size == stop - start
+        for shard, (start, stop) in zip(shards, bounds, strict=True)
+        for value in shard.values()
+        if _is_per_element(value)
+    )
 
 
 def are_whole_states(shards: list[dict], flat_size: int) -> bool:
