@@ -1,10 +1,11 @@
 """Every training mode on a standalone cluster whose two workers act as separate hosts,
 and every mode surviving the loss of one host mid-run.
 
-Started by ``test_local_cluster.py`` in a subprocess. It starts a Spark master on 127.0.0.1
-and two workers bound to 127.0.0.2 and 127.0.0.3, each with its own temporary, work and
-local directories (``TMPDIR``, ``--work-dir``, ``SPARK_LOCAL_DIRS``): no file one host writes
-is visible to the other, as on two machines. DistriOptimizer sees two hosts, so it chains
+Started by ``test_local_cluster.py`` in a subprocess. It starts (``scripts/local_cluster.sh
+--hosts 127.0.0.2,127.0.0.3 --separate-disks``) a Spark master on 127.0.0.1 and two workers
+bound to 127.0.0.2 and 127.0.0.3, each with its own temporary, work and local directories
+(``TMPDIR``, ``--work-dir``, ``SPARK_LOCAL_DIRS``): no file one host writes is visible to the
+other, as on two machines. DistriOptimizer sees two hosts, so it chains
 nothing and the optimizer state travels with the jobs instead of lying in host-local files.
 
 For each mode: train uninterrupted (the exact modes are checked against LocalOptimizer);
@@ -55,102 +56,66 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def wait_for_line(path: str, text: str, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if os.path.exists(path) and text in open(path, errors="replace").read():
-            return
-        time.sleep(0.5)
-    raise RuntimeError(f"{path} did not say {text!r} within {timeout} s")
+SCRIPT = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+    "scripts",
+    "local_cluster.sh",
+)
 
 
 class Cluster:
-    """A master and one worker per host, each a ``spark-class`` process group of its own."""
+    """A master and one worker per host, started by ``scripts/local_cluster.sh`` (``--hosts``,
+    ``--separate-disks``): the same two-host cluster ``bench/time_to_accuracy.py --cluster``
+    measures on."""
 
     def __init__(self, root: str):
-        import pyspark
-
-        self.root = root
-        self.spark_class = os.path.join(os.path.dirname(pyspark.__file__), "bin", "spark-class")
-        self.processes: dict[str, subprocess.Popen] = {}
-        self.machines = {host: 0 for host in HOSTS}  # how many times each host was replaced
+        self.directory = os.path.join(root, "cluster")
         self.port = free_port()
         self.url = f"spark://127.0.0.1:{self.port}"
 
-    def _start(self, name: str, host: str, arguments: list[str], extra_env: dict) -> str:
-        log = os.path.join(self.root, f"{name}.log")
-        environment = {**os.environ, "SPARK_LOCAL_IP": host, **extra_env}
-        environment["SPARK_DAEMON_JAVA_OPTS"] = JVM_OPTIONS
-        environment["SPARK_HOME"] = os.path.dirname(os.path.dirname(self.spark_class))
-        with open(log, "w") as output:
-            self.processes[name] = subprocess.Popen(
-                [self.spark_class, *arguments],
-                stdout=output,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=environment,
-                start_new_session=True,  # its own process group: the executors it starts too
-            )
-        return log
+    def _script(self, *arguments: str) -> None:
+        completed = subprocess.run(
+            [SCRIPT, *arguments, "--dir", self.directory],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            stdin=subprocess.DEVNULL,
+        )
+        if completed.returncode != 0:
+            raise RuntimeError(f"local_cluster.sh {arguments[0]}: {completed.stderr[-2000:]}")
 
     def start(self) -> None:
-        log = self._start(
-            "master",
-            "127.0.0.1",
-            [
-                "org.apache.spark.deploy.master.Master",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(self.port),
-                "--webui-port",
-                "0",
-            ],
-            {},
+        self._script(
+            "start",
+            "--hosts",
+            ",".join(HOSTS),
+            "--separate-disks",
+            "--cores",
+            "1",
+            "--memory",
+            "1g",
+            "--port",
+            str(self.port),
+            "--webui-port",
+            "0",
+            "--daemon-java-opts",
+            JVM_OPTIONS,
         )
-        wait_for_line(log, "Starting Spark master at")
-        logs = [self._start_worker(host) for host in HOSTS]
-        for worker_log in logs:
-            wait_for_line(worker_log, "Successfully registered with master")
 
-    def _start_worker(self, host: str) -> str:
-        """Start the worker of ``host`` on directories no earlier machine there used."""
-        machine = f"{host}/machine-{self.machines[host]}"
-        directories = {
-            kind: os.path.join(self.root, machine, kind) for kind in ("tmp", "work", "local")
-        }
-        for path in directories.values():
-            os.makedirs(path)
-        return self._start(
-            f"worker-{host}-{self.machines[host]}",
-            host,
-            [
-                "org.apache.spark.deploy.worker.Worker",
-                "--host",
-                host,
-                "--port",
-                "0",
-                "--webui-port",
-                "0",
-                "--cores",
-                "1",
-                "--memory",
-                "1g",
-                "--work-dir",
-                directories["work"],
-                self.url,
-            ],
-            # Executors inherit their worker's environment: their Python workers put
-            # bigdl_py's host-local files under this host's TMPDIR.
-            {"TMPDIR": directories["tmp"], "SPARK_LOCAL_DIRS": directories["local"]},
-        )
+    def worker_pid(self, host: str) -> int:
+        """The process id of the worker daemon that runs on ``host`` now."""
+        pids = os.path.join(self.directory, "pids")
+        for name in os.listdir(pids):
+            if name.endswith(".host") and open(os.path.join(pids, name)).read().strip() == host:
+                return int(open(os.path.join(pids, name[: -len(".host")] + ".pid")).read())
+        raise RuntimeError(f"no worker on {host}")
 
     def kill_host(self, host: str) -> None:
         """SIGKILL everything ``host`` runs: its worker and the executor JVM it started (one
         process group), the executor's PySpark daemon and its Python workers (another)."""
-        worker = self.processes[f"worker-{host}-{self.machines[host]}"]
+        worker = self.worker_pid(host)
         groups = set()
-        for pid in process_tree(worker.pid):
+        for pid in process_tree(worker):
             try:
                 groups.add(os.getpgid(pid))
             except ProcessLookupError:
@@ -160,20 +125,16 @@ class Cluster:
                 os.killpg(group, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        worker.wait(timeout=30)
+        deadline = time.monotonic() + 30
+        while os.path.exists(f"/proc/{worker}") and time.monotonic() < deadline:
+            time.sleep(0.1)
 
     def replace_host(self, host: str) -> None:
         """A new, empty machine on ``host``'s address: a fresh worker with fresh directories."""
-        self.machines[host] += 1
-        wait_for_line(self._start_worker(host), "Successfully registered with master")
+        self._script("replace-worker", "--host", host)
 
     def stop(self) -> None:
-        for process in reversed(list(self.processes.values())):
-            try:
-                os.killpg(process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            process.wait(timeout=30)
+        self._script("stop")
 
 
 def process_tree(root: int) -> list[int]:
