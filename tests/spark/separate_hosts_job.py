@@ -23,22 +23,23 @@ import json
 import os
 import shutil
 import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 
 import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "scripts"))
 from blob_data import (  # beside this script, so on its sys.path
     blobs,
     classifier,
     flat,
     local_reference_weights,
 )
+from local_cluster import TWO_HOSTS, LocalCluster  # noqa: E402
 
-HOSTS = ("127.0.0.2", "127.0.0.3")
+HOSTS = TWO_HOSTS
 # KILL_AT is 1-based: the job that runs it is killed (local SGD: inside its second round).
 ITERATIONS, KILL_AT = 12, 6
 MODES = ("sharded", "replicated", "local-sgd:4", "auto")
@@ -50,65 +51,11 @@ KILL_DELAY_SECONDS = 0.05  # after the job's submission: its tasks are running b
 JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-SCRIPT = os.path.join(
-    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-    "scripts",
-    "local_cluster.sh",
-)
-
-
-class Cluster:
-    """A master and one worker per host, started by ``scripts/local_cluster.sh`` (``--hosts``,
-    ``--separate-disks``): the same two-host cluster ``bench/time_to_accuracy.py --cluster``
-    measures on."""
+class Cluster(LocalCluster):
+    """The two-host cluster (``scripts/local_cluster.py``), whose hosts this test kills."""
 
     def __init__(self, root: str):
-        self.directory = os.path.join(root, "cluster")
-        self.port = free_port()
-        self.url = f"spark://127.0.0.1:{self.port}"
-
-    def _script(self, *arguments: str) -> None:
-        completed = subprocess.run(
-            [SCRIPT, *arguments, "--dir", self.directory],
-            capture_output=True,
-            text=True,
-            timeout=300,
-            stdin=subprocess.DEVNULL,
-        )
-        if completed.returncode != 0:
-            raise RuntimeError(f"local_cluster.sh {arguments[0]}: {completed.stderr[-2000:]}")
-
-    def start(self) -> None:
-        self._script(
-            "start",
-            "--hosts",
-            ",".join(HOSTS),
-            "--separate-disks",
-            "--cores",
-            "1",
-            "--memory",
-            "1g",
-            "--port",
-            str(self.port),
-            "--webui-port",
-            "0",
-            "--daemon-java-opts",
-            JVM_OPTIONS,
-        )
-
-    def worker_pid(self, host: str) -> int:
-        """The process id of the worker daemon that runs on ``host`` now."""
-        pids = os.path.join(self.directory, "pids")
-        for name in os.listdir(pids):
-            if name.endswith(".host") and open(os.path.join(pids, name)).read().strip() == host:
-                return int(open(os.path.join(pids, name[: -len(".host")] + ".pid")).read())
-        raise RuntimeError(f"no worker on {host}")
+        super().__init__(os.path.join(root, "cluster"), HOSTS, daemon_java_opts=JVM_OPTIONS)
 
     def kill_host(self, host: str) -> None:
         """SIGKILL everything ``host`` runs: its worker and the executor JVM it started (one
@@ -131,10 +78,7 @@ class Cluster:
 
     def replace_host(self, host: str) -> None:
         """A new, empty machine on ``host``'s address: a fresh worker with fresh directories."""
-        self._script("replace-worker", "--host", host)
-
-    def stop(self) -> None:
-        self._script("stop")
+        self.replace_worker(host)
 
 
 def process_tree(root: int) -> list[int]:
@@ -232,10 +176,8 @@ def run(cluster: Cluster, report: dict) -> None:
         cluster.url,
         app_name="bigdl_py-separate-hosts-test",
         conf={
-            "spark.driver.host": "127.0.0.1",
+            **cluster.session_conf(),
             "spark.executor.memory": "512m",
-            "spark.executor.cores": "1",
-            "spark.cores.max": "2",
             "spark.executor.extraJavaOptions": JVM_OPTIONS,
         },
     )
