@@ -93,6 +93,9 @@ def session(arguments, name: str):
     if arguments.event_logs:
         conf["spark.eventLog.enabled"] = "true"
         conf["spark.eventLog.dir"] = arguments.event_logs
+        # One plain JSON file per application (Spark 4 rolls and compresses by default).
+        conf["spark.eventLog.compress"] = "false"
+        conf["spark.eventLog.rolling.enabled"] = "false"
     master = arguments.master or f"local[{arguments.partitions}]"
     spark = get_spark(master, app_name=f"time to accuracy: {name}", conf=conf)
     spark.sparkContext.setLogLevel("ERROR")
@@ -109,12 +112,15 @@ def cluster_session_conf(cluster: LocalCluster) -> dict:
     with open(os.path.join(ROOT, "conf", "spark-cluster.conf")) as handle:
         cluster_file = parse_spark_defaults(handle.read())
     scheduler = {key: value for key, value in cluster_file.items() if ".scheduler." in key}
-    return {
+    conf = {
         **scheduler,
         **cluster.session_conf(),
         "spark.executor.memory": "1g",
         "spark.executorEnv.PYTHONPATH": os.pathsep.join([ROOT, BENCH_DIR]),
     }
+    if os.environ.get("BIGDL_PY_STATE_DIR"):  # a directory every host shares, as a user sets it
+        conf["spark.executorEnv.BIGDL_PY_STATE_DIR"] = os.environ["BIGDL_PY_STATE_DIR"]
+    return conf
 
 
 def update_for(mode: str):
