@@ -121,6 +121,7 @@ class SparkRunner(IterationRunner):
             parameter_bytes=int(self.flat.size) * self.flat.weights.dtype.itemsize,
             num_partitions=self.plan.num_partitions,
             global_norm_clipping=l2 is not None,
+            share_bytes=self._share_bytes(training_set),
         )
         if run_plan.reason is not None:
             logger.info(run_plan.reason)
@@ -149,6 +150,12 @@ class SparkRunner(IterationRunner):
         self.iterations_per_call = self.mode.iterations_per_call(
             run_plan.iterations_per_job, self.spec
         )
+
+    def _share_bytes(self, training_set: SparkTrainingSet) -> int:
+        """Bytes of the largest partition's share of a global batch."""
+        handles = training_set.data.partition_handles
+        sample_bytes = max(int(handle.get("sample_bytes", 0)) for handle in handles)
+        return -(-self.plan.batch_size // self.plan.num_partitions) * sample_bytes
 
     def _ensure_run(self, iteration: int) -> SparkTrainingRun:
         if self.run is None:

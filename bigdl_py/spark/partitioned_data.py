@@ -97,6 +97,12 @@ def write_partition_data(
     return {
         "partition": partition,
         "size": int(len(labels)),
+        # A sample's bytes (its features and label): what a share of it weighs where the
+        # chain's rows travel with its stages (records.ShareRows).
+        "sample_bytes": int(
+            sum(array.dtype.itemsize * int(np.prod(array.shape[1:])) for array in features)
+            + labels.dtype.itemsize * int(np.prod(labels.shape[1:]))
+        ),
         "feature_paths": paths,
         "label_path": label_path,
         "host": os.uname().nodename,

@@ -22,9 +22,11 @@ from typing import Any, NamedTuple
 from bigdl_py.spark import wire
 from bigdl_py.spark.gpu import check_device_request
 from bigdl_py.spark.modes import TrainingMode, resolve_mode
+from bigdl_py.spark.records import iterations_with_carried_rows
 
-#: Iterations per Spark job where the executors share a disk and the caller gave none
-#: (bench/RESULTS.md: chaining them pays the job's fixed cost once).
+#: Iterations per Spark job where the caller gave none (bench/RESULTS.md: chaining them pays
+#: the job's fixed cost once); fewer where no disk is shared and large shares would travel
+#: with the chain (records.iterations_with_carried_rows).
 DEFAULT_ITERATIONS_PER_JOB = 8
 #: The upper bound keeps a job's lineage (two shuffles per iteration) well inside the driver
 #: JVM's stack: Spark walks it recursively and overflowed at 100 iterations.
@@ -105,14 +107,17 @@ def plan_run(
     parameter_bytes: int,
     num_partitions: int,
     global_norm_clipping: bool,
+    share_bytes: int = 0,
 ) -> RunPlan:
     """The mode and iterations per job of a run of ``parameter_bytes`` of trained parameters
-    over ``num_partitions`` partitions on ``executors``.
+    over ``num_partitions`` partitions on ``executors``, whose largest share of a global
+    batch is ``share_bytes``.
 
     ``update="auto"`` follows :func:`bigdl_py.spark.modes.auto.choose_mode`. A named mode or
     mode object runs the caller's ``iterations_per_job``, by default
-    ``DEFAULT_ITERATIONS_PER_JOB`` where the executors share a disk and 1 elsewhere. The mode
-    is the run's own copy: a mode object may record per-run settings.
+    ``DEFAULT_ITERATIONS_PER_JOB`` (where the executors share no disk, at most
+    :func:`~bigdl_py.spark.records.iterations_with_carried_rows`). The mode is the run's own
+    copy: a mode object may record per-run settings.
     """
     if settings.update == "auto":
         from bigdl_py.spark.modes.auto import choose_mode
@@ -124,9 +129,12 @@ def plan_run(
             global_norm_clipping=global_norm_clipping,
             iterations_per_job=settings.iterations_per_job,
             local_mode=executors.local_mode,
+            share_bytes=share_bytes,
         )
         return RunPlan(resolve_mode(choice.update), choice.iterations_per_job, choice.reason)
     per_job = settings.iterations_per_job
     if per_job is None:
-        per_job = DEFAULT_ITERATIONS_PER_JOB if executors.shared_disk else 1
+        per_job = DEFAULT_ITERATIONS_PER_JOB
+        if not executors.shared_disk:
+            per_job = min(per_job, iterations_with_carried_rows(share_bytes))
     return RunPlan(copy.deepcopy(resolve_mode(settings.update)), int(per_job), None)

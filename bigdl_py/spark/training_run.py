@@ -131,6 +131,7 @@ class SparkTrainingRun:
             handles={handle["partition"]: handle for handle in self.data.partition_handles},
             data_rdd=self.data.handles,
             buffers=self.buffers,
+            own_travels=self.spec.carry_state,
         )
         return self.mode.run(self, chain, description)
 

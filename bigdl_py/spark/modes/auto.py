@@ -24,8 +24,11 @@ On a cluster:
   So: **replicated while N x parameter bytes <= 16 MB** (what one partition receives per
   iteration), **sharded above**.
 * **Iterations per job.** Replicated: **16** (faster than 8); sharded: **1** (chaining did
-  not pay for its second shuffle). Chaining needs executors that share a disk (a chained
-  stage may run away from its partition's files): **1 everywhere else**. An
+  not pay for its second shuffle). Where the executors share no disk a chained stage may
+  run on another host than its partition's files, so each partition's rows of the chain's
+  later iterations travel with the chain (:class:`~bigdl_py.spark.records.ShareRows`): at
+  most ``records.CARRIED_ROWS_LIMIT_BYTES`` of them, which caps the chain for large
+  samples (:func:`~bigdl_py.spark.records.iterations_with_carried_rows`). An
   ``iterations_per_job`` the caller gives is kept.
 * **Global-norm clipping** costs the sharded update a second job per iteration and nothing
   to the replicated one; the rule above already picks replicated wherever it is cheap, and
@@ -36,6 +39,8 @@ from __future__ import annotations
 
 import logging
 from typing import NamedTuple
+
+from bigdl_py.spark.records import iterations_with_carried_rows
 
 logger = logging.getLogger("bigdl_py.spark")
 
@@ -60,6 +65,7 @@ def choose_mode(
     global_norm_clipping: bool,
     iterations_per_job: int | None = None,
     local_mode: bool = False,
+    share_bytes: int = 0,
 ) -> AutoChoice:
     """The exact mode and iterations per job for a run (see the module docstring).
 
@@ -76,6 +82,9 @@ def choose_mode(
         The caller's choice, kept when given.
     local_mode : bool
         Whether Spark runs in one process (``local[n]``): then one task trains.
+    share_bytes : int
+        Bytes of the largest partition's share of a global batch (its rows travel with a
+        chain where no disk is shared).
 
     Returns
     -------
@@ -96,7 +105,9 @@ def choose_mode(
     update = "replicated" if replicated else "sharded"
     if iterations_per_job is None:
         chained = REPLICATED_ITERATIONS_PER_JOB if replicated else SHARDED_ITERATIONS_PER_JOB
-        iterations_per_job = chained if shared_disk else 1
+        iterations_per_job = chained
+        if not shared_disk:
+            iterations_per_job = min(chained, iterations_with_carried_rows(share_bytes))
     if global_norm_clipping and not replicated:
         iterations_per_job = 1
     per_job = "iteration" if iterations_per_job == 1 else "iterations"

@@ -153,7 +153,7 @@ def _replicas(spec, handles: list[dict], groups: list[tuple[int, int]]) -> list:
             spec.run_id, ("one-task", "data"), lambda: _all_partitions_data(handles)
         )
         replica = Replica(spec, handles[first])  # partition = the handle's: its streams
-        replica.features, replica.labels = features, labels
+        replica.use_rows(features, labels)
         return replica
 
     in_processes = processes_available(spec.device)
