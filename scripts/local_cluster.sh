@@ -131,6 +131,7 @@ find_spark_home() {
 start_daemon() {
     local name="$1"; shift
     local pid_file="$pid_dir/$name.pid"
+    rm -f "$pid_file"  # a dead daemon's (replace-worker): wait for the new one's below
     setsid bash -c 'echo $$ > "$0"; exec "$@"' "$pid_file" \
         "$SPARK_HOME/bin/spark-class" "$@" > "$log_dir/$name.log" 2>&1 < /dev/null &
     local waited=0
