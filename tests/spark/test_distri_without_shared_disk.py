@@ -22,7 +22,7 @@ from bigdl_py.optim import SGD
 from bigdl_py.spark import DistriOptimizer, LocalSGD
 from bigdl_py.spark.partitioned_data import run_directory
 from bigdl_py.spark.records import ShareRows
-from bigdl_py.train import MaxIteration
+from bigdl_py.train import MaxIteration, SeveralIteration, load_checkpoint
 
 pytestmark = pytest.mark.spark
 
@@ -48,14 +48,23 @@ def optimizer(update, shared_disk: bool, iterations_per_job=8):
     return made
 
 
-def train(made) -> tuple[np.ndarray, list[str], int]:
-    """The trained weights, the optimizer-state files the run left on this host, and the
-    iterations one call took."""
+def train(made) -> tuple[np.ndarray, set[str], int]:
+    """The trained weights, the optimizer-state files the run had on this host after each of
+    its jobs, and the iterations one call took."""
+    files: set[str] = set()
+    runner = made.runner
+    run_iterations = runner.run_iterations
+
+    def watched(steps, stop_after_nonfinite):
+        results = run_iterations(steps, stop_after_nonfinite)
+        directory = run_directory(runner.spec.state_dir, runner.spec.run_id)
+        files.update(glob.glob(os.path.join(directory, "optim-*")))
+        return results
+
+    runner.run_iterations = watched
     with made:
         weights = flat(made.optimize())
-        spec = made.runner.spec
-        files = glob.glob(os.path.join(run_directory(spec.state_dir, spec.run_id), "optim-*"))
-        return weights, files, made.runner.iterations_per_call
+    return weights, files, runner.iterations_per_call
 
 
 @pytest.mark.parametrize("update", ["sharded", "replicated"])
@@ -66,7 +75,7 @@ def test_exact_chains_without_a_shared_disk_train_as_the_local_loop(spark, updat
     local = local_reference_weights(made, features, labels, ITERATIONS, batch_size=BATCH)
     np.testing.assert_allclose(weights, local, rtol=1e-5, atol=1e-6)
     assert per_call == 8  # chained, as on a disk the executors share
-    assert files == []  # the state travelled with the records, not through files
+    assert not files  # the state travelled with the records, not through files
 
 
 def test_local_sgd_chains_without_a_shared_disk_as_with_one(spark):
@@ -74,8 +83,28 @@ def test_local_sgd_chains_without_a_shared_disk_as_with_one(spark):
     apart, files, per_call = train(optimizer(mode, shared_disk=False))
     together, files_together, _ = train(optimizer(mode, shared_disk=True))
     np.testing.assert_allclose(apart, together, rtol=1e-6, atol=1e-7)
-    assert per_call == 8 and files == []
+    assert per_call == 8 and not files
     assert files_together  # where a disk is shared, the state files are kept as before
+
+
+@pytest.mark.parametrize("update", ["sharded", LocalSGD(period=4, warmup_iterations=2)])
+def test_a_checkpoint_without_a_shared_disk_resumes_exactly(spark, tmp_path, update):
+    """The state a checkpoint gathers mid-run comes from the driver (it travelled there at
+    each job's end) and resumes to the uninterrupted run's weights."""
+    # (Local SGD averages where a checkpoint is taken: the straight run takes one too.)
+    straight_run = optimizer(update, shared_disk=False)
+    straight_run.set_checkpoint(str(tmp_path / "straight"), SeveralIteration(12))
+    straight, _, _ = train(straight_run)
+    half = optimizer(update, shared_disk=False)
+    half.set_checkpoint(str(tmp_path), SeveralIteration(12))
+    half.set_end_when(MaxIteration(12))
+    train(half)
+    assert load_checkpoint(str(tmp_path)).iteration == 12
+    resumed = optimizer(update, shared_disk=False)
+    resumed.resume_from(str(tmp_path))
+    weights, files, _ = train(resumed)
+    np.testing.assert_allclose(weights, straight, rtol=1e-6, atol=1e-7)
+    assert not files
 
 
 def test_share_rows_hand_each_iteration_its_share_in_order():
