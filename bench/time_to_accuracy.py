@@ -1,7 +1,7 @@
 """Time to accuracy: LeNet-5 on Fashion-MNIST until test accuracy first reaches a target.
 
     python bench/time_to_accuracy.py [--modes sharded replicated auto local-sgd:4 local-sgd:8
-                                      local-sgd:16 torch] [--target 0.88] [--max-epochs 10]
+                                      local-sgd:16 torch] (a mode: UPDATE[/ITERATIONS_PER_JOB]) [--target 0.88] [--max-epochs 10]
                                       [--batch-size 128] [--partitions 2] [--rounds 1]
     python bench/time_to_accuracy.py --cluster [--modes ...] [--max-iterations N]
                                      [--event-logs DIR]
@@ -123,14 +123,12 @@ def cluster_session_conf(cluster: LocalCluster) -> dict:
     return conf
 
 
-def update_for(mode: str):
-    """DistriOptimizer's ``update`` argument for a mode name of this bench."""
-    if mode.startswith("local-sgd"):
-        from bigdl_py.spark import LocalSGD
-
-        _, _, period = mode.partition(":")
-        return LocalSGD(period=int(period or 8))
-    return mode
+def update_for(mode: str) -> tuple[str, int | None]:
+    """DistriOptimizer's ``update`` and ``iterations_per_job`` for a mode name of this bench:
+    ``UPDATE[/ITERATIONS_PER_JOB]``, where UPDATE is a registered name with its settings
+    (``local-sgd:8:117`` is ``LocalSGD(period=8, warmup_iterations=117)``)."""
+    update, _, per_job = mode.partition("/")
+    return update, int(per_job) if per_job else None
 
 
 def run_bigdl_mode(mode: str, arguments) -> dict:
@@ -163,7 +161,8 @@ def run_bigdl_mode(mode: str, arguments) -> dict:
             MaxEpoch(arguments.max_epochs), MaxIteration(arguments.max_iterations), reached
         ),
         num_partitions=arguments.partitions,
-        update=update_for(mode),
+        update=update_for(mode)[0],
+        iterations_per_job=update_for(mode)[1],
         seed=SEED,
         progress=False,
         spark=spark,
