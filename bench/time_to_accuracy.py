@@ -1,11 +1,15 @@
 """Time to accuracy: LeNet-5 on Fashion-MNIST until test accuracy first reaches a target.
 
     python bench/time_to_accuracy.py [--modes sharded replicated auto local-sgd:4 local-sgd:8
-                                      local-sgd:16 torch] (a mode: UPDATE[/ITERATIONS_PER_JOB]) [--target 0.88] [--max-epochs 10]
+                                      local-sgd:16 torch] [--target 0.88] [--max-epochs 10]
                                       [--batch-size 128] [--partitions 2] [--rounds 1]
     python bench/time_to_accuracy.py --cluster [--modes ...] [--max-iterations N]
                                      [--event-logs DIR]
     python bench/time_to_accuracy.py main-job [--rounds 1]
+
+A mode is ``UPDATE[/ITERATIONS_PER_JOB]``: a registered name with its settings
+(``local-sgd:8:117`` is ``LocalSGD(period=8, warmup_iterations=117)``), and the iterations
+per job when not DistriOptimizer's default.
 
 The training-modes issue's judge. Every mode runs in a fresh Python process (so in a fresh
 JVM, as a user's job would), in ``local[P]`` with ``P = --partitions``, on the same model
