@@ -31,7 +31,9 @@ SparkSession too. It runs only when ``torch==2.13.0`` is installed.
 
 ``--cluster`` measures on a standalone cluster whose two workers act as two hosts
 (``scripts/local_cluster.sh --hosts 127.0.0.2,127.0.0.3 --separate-disks``: 1 core each, no
-shared disk), started before the first contender and stopped after the last. Every
+shared disk; ``--hosts`` and ``--cores`` lay out another), started before the first
+contender and stopped after the last. bigdl_py's contenders leave ``num_partitions`` to
+DistriOptimizer there, as a user would. Every
 contender is then a fresh application on it (``spark.cores.max`` 2, one 1-core executor per
 host, ``conf/spark-cluster.conf``'s wait for both executors), and ``torch`` runs under
 ``TorchDistributor(local_mode=False)``: one barrier task per executor, each starting its DDP
@@ -164,7 +166,8 @@ def run_bigdl_mode(mode: str, arguments) -> dict:
         end_trigger=Or(
             MaxEpoch(arguments.max_epochs), MaxIteration(arguments.max_iterations), reached
         ),
-        num_partitions=arguments.partitions,
+        # On a cluster, as a user leaves it: the default (auto's layout, the task slots).
+        num_partitions=None if arguments.master else arguments.partitions,
         update=update_for(mode)[0],
         iterations_per_job=update_for(mode)[1],
         seed=SEED,
@@ -521,6 +524,8 @@ def main(argv=None) -> None:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--max-iterations", type=int, default=10**9)
     parser.add_argument("--cluster", action="store_true")
+    parser.add_argument("--hosts", default=",".join(TWO_HOSTS), help="the cluster's workers")
+    parser.add_argument("--cores", type=int, default=1, help="cores of each worker")
     parser.add_argument("--event-logs", default=None)
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--master", default=None, help=argparse.SUPPRESS)
@@ -532,7 +537,11 @@ def main(argv=None) -> None:
     arguments.load = os.getloadavg()[0]
     where = f"local[{arguments.partitions}]"
     if arguments.cluster:
-        where = f"a standalone cluster of {len(TWO_HOSTS)} hosts x 1 core ({', '.join(TWO_HOSTS)})"
+        hosts = arguments.hosts.split(",")
+        where = (
+            f"a standalone cluster of {len(hosts)} hosts x {arguments.cores} cores "
+            f"({', '.join(hosts)}, no shared disk)"
+        )
     print(
         f"time to {arguments.target:.0%} test accuracy, LeNet-5 on Fashion-MNIST, {where}, "
         f"global batch {arguments.batch_size}, SGD lr {LEARNING_RATE} momentum {MOMENTUM}; "
@@ -544,10 +553,12 @@ def main(argv=None) -> None:
         if arguments.event_logs:
             os.makedirs(arguments.event_logs, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix="bigdl_py-tta-cluster-") as directory:
-            with LocalCluster(directory, TWO_HOSTS, cores=1, memory="2g") as cluster:
+            hosts = arguments.hosts.split(",")
+            with LocalCluster(directory, hosts, cores=arguments.cores, memory="2g") as cluster:
                 arguments.master = cluster.url
                 arguments.spark_conf = json.dumps(cluster_session_conf(cluster))
-                arguments.partitions = len(TWO_HOSTS)
+                # TorchDistributor's processes: one per core, as Spark's task slots.
+                arguments.partitions = len(hosts) * arguments.cores
                 bench_modes(arguments)
     else:
         bench_modes(arguments)

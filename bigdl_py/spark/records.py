@@ -28,6 +28,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from bigdl_py.spark import collectives
 from bigdl_py.spark.collectives import Piece
 
 
@@ -233,10 +234,18 @@ class Chain:
     # The executors share no disk (RunSpec.carry_state): a stage after the chain's first may
     # run on any host, so each partition hands itself its state and rows (Own).
     own_travels: bool = False
+    # Whole-executor tasks: the ResourceProfile every stage's tasks run under (None: Spark's
+    # default, spark.task.cpus). The cached handles carry it too, so the first stage has it.
+    task_profile: Any = None
 
     @property
     def count(self) -> int:
         return len(self.shares)
+
+    def shuffle(self, rdd: Any) -> Any:
+        """``(partition, record)`` pairs to their partitions, for the chain's next stage (its
+        tasks under ``task_profile``): ``collectives.shuffle_to_owners``."""
+        return collectives.shuffle_to_owners(rdd, self.num_partitions, self.task_profile)
 
     @property
     def retain_from(self) -> int:

@@ -59,6 +59,9 @@ class RunSpec:
     # Where the executors share no disk, a host-local state file cannot be found by a task
     # on another host: the optimizer state then travels with the jobs, through the driver.
     carry_state: bool = False
+    # Replicas a stage task trains its partition's share on (a whole-executor task: one per
+    # core of the executor, all but one in forked helper processes); 1: the task's own.
+    replicas_per_task: int = 1
     extras: dict = field(default_factory=dict)
     # Custom training steps (bigdl_py.spark.distri_trainer): the dotted name of the submodule
     # whose parameters this run trains (None: the whole model; the others are frozen and
@@ -317,11 +320,14 @@ def replica_gradient(
     frozen_weights: np.ndarray | None = None,
     start_buffers: dict | None = None,
     rows: ShareRows | None = None,
+    train=forward_backward,
 ) -> tuple[np.ndarray, Report]:
     """Forward-backward of ``partition`` (its data: ``handle``) on its ``share`` of iteration
     ``iteration``: its gradient and report (whose clock starts at ``entered``, when the task
     entered Python). With ``rows`` (the share's rows, carried to this stage) the files are
-    not read: the rows are the share, in its order.
+    not read: the rows are the share, in its order. ``train`` is the forward-backward
+    (:func:`forward_backward`'s signature; a whole-executor task's trains on several
+    replicas).
 
     ``share_of`` says whose mean loss the gradient is of (:class:`ShareOf`). A ``halted``
     chain (stopped by an earlier non-finite loss) gets zeros and runs nothing.
@@ -342,7 +348,7 @@ def replica_gradient(
         gradient, loss_sum, samples = np.zeros(weights.size, weights.dtype), 0.0, 0
     else:
         batch_size = spec.batch_size if share_of is ShareOf.GLOBAL_BATCH else max(len(share), 1)
-        gradient, loss_sum, samples = forward_backward(
+        gradient, loss_sum, samples = train(
             replica,
             weights,
             share,

@@ -83,21 +83,29 @@ class Executors:
     shared_disk: bool  # every executor reads the files another wrote (local modes, one host,
     # or a shared BIGDL_PY_STATE_DIR): a chained stage may run away from its partition's files
     local_mode: bool  # Spark runs in this one process (``local[n]``)
+    # Whole-executor tasks the run's data was laid out for (their CPUs), else None.
+    whole_executor_cpus: int | None = None
 
     @classmethod
-    def of(cls, sc: Any) -> Executors:
+    def of(cls, sc: Any, whole_executor_cpus: int | None = None) -> Executors:
         """The executors of SparkContext ``sc`` (ask once the data is on them)."""
         from bigdl_py.spark.session import executors_share_a_disk, is_local_mode
 
-        return cls(shared_disk=executors_share_a_disk(sc), local_mode=is_local_mode(sc))
+        return cls(
+            shared_disk=executors_share_a_disk(sc),
+            local_mode=is_local_mode(sc),
+            whole_executor_cpus=whole_executor_cpus,
+        )
 
 
 class RunPlan(NamedTuple):
-    """What one run does: its training mode (its own copy) and iterations per job."""
+    """What one run does: its training mode (its own copy), iterations per job, and the
+    replicas each stage task trains on (a whole-executor task's: one per core)."""
 
     mode: TrainingMode
     iterations_per_job: int
     reason: str | None  # ``update="auto"``'s choice, in words, for the log; None otherwise
+    replicas_per_task: int = 1
 
 
 def plan_run(
@@ -131,10 +139,18 @@ def plan_run(
             local_mode=executors.local_mode,
             share_bytes=share_bytes,
         )
-        return RunPlan(resolve_mode(choice.update), choice.iterations_per_job, choice.reason)
+        replicas = executors.whole_executor_cpus or 1
+        reason = choice.reason
+        if replicas > 1:
+            reason += f"; one task per executor, on {replicas} replicas (one per core)"
+        return RunPlan(resolve_mode(choice.update), choice.iterations_per_job, reason, replicas)
+    mode = copy.deepcopy(resolve_mode(settings.update))
+    # The data's layout decides: whole-executor tasks train on a replica per core (the
+    # one-task mode has its own replicas).
+    replicas = executors.whole_executor_cpus or 1 if mode.name != "one-task" else 1
     per_job = settings.iterations_per_job
     if per_job is None:
         per_job = DEFAULT_ITERATIONS_PER_JOB
         if not executors.shared_disk:
             per_job = min(per_job, iterations_with_carried_rows(share_bytes))
-    return RunPlan(copy.deepcopy(resolve_mode(settings.update)), int(per_job), None)
+    return RunPlan(mode, int(per_job), None, replicas)

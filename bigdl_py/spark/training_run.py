@@ -135,6 +135,7 @@ class SparkTrainingRun:
             data_rdd=self.data.handles,
             buffers=self.buffers,
             own_travels=self.spec.carry_state,
+            task_profile=self.data.task_profile,
         )
         return self.mode.run(self, chain, description)
 

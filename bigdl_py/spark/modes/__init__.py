@@ -60,7 +60,8 @@ The building blocks, so that a mode says only which records go where:
 
 * :mod:`bigdl_py.spark.modes.stages` — a stage is
   ``rdd.mapPartitionsWithIndex(stage_task(Stage.of(chain, ...), body))`` and a shuffle
-  between two stages is ``collectives.shuffle_to_owners(rdd, chain.num_partitions)``.
+  between two stages is ``chain.shuffle(rdd)`` (``collectives.shuffle_to_owners``, the next
+  stage's tasks under the run's task profile: whole-executor tasks).
   ``stage_task`` opens every task one way (the driver's weights in the chain's first stage,
   the previous stage's records later, and ``own``: what the partition handed itself, where
   no disk is shared: :class:`~bigdl_py.spark.modes.stages.StageInput`);

@@ -30,6 +30,11 @@ On a cluster:
   most ``records.CARRIED_ROWS_LIMIT_BYTES`` of them, which caps the chain for large
   samples (:func:`~bigdl_py.spark.records.iterations_with_carried_rows`). An
   ``iterations_per_job`` the caller gives is kept.
+* **Whole-executor tasks.** On a cluster whose executors have several cores (and
+  ``spark.task.cpus`` left at 1), one partition per executor, trained in one task of all
+  its cores (stage-level scheduling: a task ResourceProfile) on a replica per core — the
+  task's own and forked helpers, as the one-task mode's — so that one gradient per
+  executor, not per core, enters the AllReduce: :func:`whole_executor_cpus`.
 * **Global-norm clipping** costs the sharded update a second job per iteration and nothing
   to the replicated one; the rule above already picks replicated wherever it is cheap, and
   the sharded update then runs one iteration per job (as without ``auto``).
@@ -48,6 +53,22 @@ logger = logging.getLogger("bigdl_py.spark")
 REPLICATED_MAX_RECEIVED_BYTES = 16 << 20
 REPLICATED_ITERATIONS_PER_JOB = 16
 SHARDED_ITERATIONS_PER_JOB = 1
+
+
+def whole_executor_cpus(
+    executors: int, cores: int, task_cpus: int, local_mode: bool, device: str = "cpu"
+) -> int | None:
+    """The CPUs of auto's whole-executor tasks on ``executors`` executors of ``cores`` cores
+    each (tasks of ``task_cpus`` CPUs by Spark's setting), or None for a task per core.
+
+    None in local mode (the one-task mode trains there), on one-core executors (nothing to
+    gain), on GPU replicas (a child process cannot share the task's GPU context), and
+    where ``spark.task.cpus`` already gives each task several CPUs (the user's layout:
+    BigDL's, a task per executor with BLAS threads).
+    """
+    if local_mode or cores <= 1 or task_cpus > 1 or device != "cpu" or executors < 1:
+        return None
+    return cores
 
 
 class AutoChoice(NamedTuple):

@@ -58,7 +58,7 @@ from typing import Any, NamedTuple
 from bigdl_py.spark import collectives, owner_update, worker
 from bigdl_py.spark.modes import TrainingMode, are_whole_states, whole_state
 from bigdl_py.spark.modes.replicated import one_stage_per_iteration
-from bigdl_py.spark.modes.stages import Stage, chain_end, own_rows, stage_task
+from bigdl_py.spark.modes.stages import Stage, chain_end, own_rows, replica_trainer, stage_task
 from bigdl_py.spark.records import Carried, HistoryEntry
 from bigdl_py.spark.replica import Replica, ShareOf, replica_gradient
 
@@ -166,7 +166,7 @@ class LocalSGD(TrainingMode):
         for index in range(len(rounds) + 1):
             rdd = rdd.mapPartitionsWithIndex(_round_stage(chain, rounds, index, fractions))
             if index < len(rounds):
-                rdd = collectives.shuffle_to_owners(rdd, chain.num_partitions)
+                rdd = chain.shuffle(rdd)
         return rdd
 
     def rounds(self, first: int, count: int) -> list[tuple[int, int]]:
@@ -305,6 +305,7 @@ def _round_stage(chain, rounds: list, index: int, fractions: list[float]):
                 halted=halted,
                 frozen_weights=stage.get_frozen(),
                 rows=own_rows(inp, iteration),
+                train=replica_trainer(spec),
             )
             update_started = time.perf_counter()
             weights = owner_update.update_owned(

@@ -64,7 +64,7 @@ def one_stage_per_iteration(chain):
         )
         rdd = rdd.mapPartitionsWithIndex(stage_task(stage, _iteration(chain, stage, step)))
         if step < chain.count:
-            rdd = collectives.shuffle_to_owners(rdd, chain.num_partitions)
+            rdd = chain.shuffle(rdd)
     return rdd
 
 

@@ -49,12 +49,10 @@ class Sharded(TrainingMode):
     def build_chain(self, chain):
         rdd = chain.data_rdd
         for step in range(chain.count):
-            rdd = collectives.shuffle_to_owners(
-                rdd.mapPartitionsWithIndex(_put_gradients(chain, step)), chain.num_partitions
-            )
+            rdd = chain.shuffle(rdd.mapPartitionsWithIndex(_put_gradients(chain, step)))
             rdd = rdd.mapPartitionsWithIndex(_update_owned_slice(chain, step))
             if step < chain.count - 1:
-                rdd = collectives.shuffle_to_owners(rdd, chain.num_partitions)
+                rdd = chain.shuffle(rdd)
         return rdd
 
     def run(self, run, chain, description):
@@ -173,9 +171,7 @@ def _run_clipped_iteration(run, chain, description: str) -> list[dict]:
         result = chain_end(owner, None, carried, received.clock, inp.entered)
         yield _ClippedSum(owner, squares, received.loss_sum, result)
 
-    gradients = collectives.shuffle_to_owners(
-        chain.data_rdd.mapPartitionsWithIndex(_put_gradients(chain, 0)), chain.num_partitions
-    )
+    gradients = chain.shuffle(chain.data_rdd.mapPartitionsWithIndex(_put_gradients(chain, 0)))
     sums = run.collect(
         gradients.mapPartitionsWithIndex(stage_task(summing, aggregate_and_keep)),
         f"{description}: forward-backward + gradient norm",

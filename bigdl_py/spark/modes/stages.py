@@ -1,7 +1,7 @@
 """A chain's stages: the one way a stage reads its input, and the one way a chain ends.
 
 A mode builds a job (:meth:`TrainingMode.build_chain`) as Spark stages joined by shuffles
-(``collectives.shuffle_to_owners``). Each stage is
+(``chain.shuffle``: ``collectives.shuffle_to_owners``). Each stage is
 ``rdd.mapPartitionsWithIndex(stage_task(stage, body))``, and every stage task
 
 1. **opens** the same way (:func:`stage_task`): it loads the run spec, reads its input to the
@@ -44,6 +44,10 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from bigdl_py.spark import collectives
+from bigdl_py.spark.modes.replica_process import (
+    forward_backward_on_replicas,
+    processes_available,
+)
 from bigdl_py.spark.owner_update import (
     finishing_state_writes,
     own_state,
@@ -62,7 +66,7 @@ from bigdl_py.spark.records import (
     StageTimings,
     start_of_chain,
 )
-from bigdl_py.spark.replica import replica_gradient
+from bigdl_py.spark.replica import forward_backward, replica_gradient
 
 
 @dataclass(frozen=True)
@@ -267,7 +271,17 @@ def partition_gradient(
         frozen_weights=stage.get_frozen(),
         start_buffers=carried.buffers if inp.partition == 0 else None,
         rows=own_rows(inp, iteration),
+        train=replica_trainer(inp.spec),
     )
+
+
+def replica_trainer(spec: Any) -> Callable:
+    """The forward-backward of a stage task: on its one replica, or, in a whole-executor
+    task (``spec.replicas_per_task`` > 1), on that many at once
+    (:func:`~bigdl_py.spark.modes.replica_process.forward_backward_on_replicas`)."""
+    if spec.replicas_per_task > 1 and processes_available(spec.device):
+        return forward_backward_on_replicas(spec, spec.replicas_per_task)
+    return forward_backward
 
 
 def own_rows(inp: StageInput, iteration: int) -> ShareRows | None:
