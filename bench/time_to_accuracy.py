@@ -3,7 +3,13 @@
     python bench/time_to_accuracy.py [--modes sharded replicated auto local-sgd:4 local-sgd:8
                                       local-sgd:16 torch] [--target 0.88] [--max-epochs 10]
                                       [--batch-size 128] [--partitions 2] [--rounds 1]
+    python bench/time_to_accuracy.py --cluster [--modes ...] [--max-iterations N]
+                                     [--event-logs DIR]
     python bench/time_to_accuracy.py main-job [--rounds 1]
+
+A mode is ``UPDATE[/ITERATIONS_PER_JOB]``: a registered name with its settings
+(``local-sgd:8:117`` is ``LocalSGD(period=8, warmup_iterations=117)``), and the iterations
+per job when not DistriOptimizer's default.
 
 The training-modes issue's judge. Every mode runs in a fresh Python process (so in a fresh
 JVM, as a user's job would), in ``local[P]`` with ``P = --partitions``, on the same model
@@ -23,6 +29,18 @@ the same shuffled global batch), optimizer and validation schedule (each rank sc
 test set and the counts are summed with ``all_reduce``); its clock starts before its
 SparkSession too. It runs only when ``torch==2.13.0`` is installed.
 
+``--cluster`` measures on a standalone cluster whose two workers act as two hosts
+(``scripts/local_cluster.sh --hosts 127.0.0.2,127.0.0.3 --separate-disks``: 1 core each, no
+shared disk; ``--hosts`` and ``--cores`` lay out another), started before the first
+contender and stopped after the last. bigdl_py's contenders leave ``num_partitions`` to
+DistriOptimizer there, as a user would. Every
+contender is then a fresh application on it (``spark.cores.max`` 2, one 1-core executor per
+host, ``conf/spark-cluster.conf``'s wait for both executors), and ``torch`` runs under
+``TorchDistributor(local_mode=False)``: one barrier task per executor, each starting its DDP
+process there. ``--max-iterations`` stops a contender early (for its samples/s and
+breakdown); ``--event-logs DIR`` keeps each application's Spark event log there, for
+``bench/spark_timeline.py``.
+
 ``main-job`` runs ``jobs/train_lenet.py`` as a user would, with its defaults and then with the
 first wave's defaults (``--update sharded --iterations-per-job 8``), side by side, and prints
 the seconds until the job printed a test accuracy of at least the target (the job validates
@@ -40,6 +58,7 @@ import re
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -50,6 +69,9 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, BENCH_DIR)
 
 from torch_peer import torch_available  # noqa: E402
+
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+from local_cluster import TWO_HOSTS, LocalCluster  # noqa: E402
 
 DEFAULT_MODES = [
     "sharded",
@@ -69,14 +91,50 @@ def quarter_epoch_iterations(samples: int, batch_size: int) -> int:
     return max(1, batches // 4)
 
 
-def update_for(mode: str):
-    """DistriOptimizer's ``update`` argument for a mode name of this bench."""
-    if mode.startswith("local-sgd"):
-        from bigdl_py.spark import LocalSGD
+def session(arguments, name: str):
+    """The contender's SparkSession: ``local[P]``, or the cluster ``arguments.master``."""
+    from bigdl_py.spark.session import get_spark
 
-        _, _, period = mode.partition(":")
-        return LocalSGD(period=int(period or 8))
-    return mode
+    conf = json.loads(arguments.spark_conf or "{}")
+    if arguments.event_logs:
+        conf["spark.eventLog.enabled"] = "true"
+        conf["spark.eventLog.dir"] = arguments.event_logs
+        # One plain JSON file per application (Spark 4 rolls and compresses by default).
+        conf["spark.eventLog.compress"] = "false"
+        conf["spark.eventLog.rolling.enabled"] = "false"
+    master = arguments.master or f"local[{arguments.partitions}]"
+    spark = get_spark(master, app_name=f"time to accuracy: {name}", conf=conf)
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def cluster_session_conf(cluster: LocalCluster) -> dict:
+    """What every contender sets on the two-host cluster: ``cluster.session_conf()``,
+    ``conf/spark-cluster.conf``'s scheduler settings (both executors registered before the
+    first job), 1 GB executors, and this checkout on the executors' Python path (bigdl_py,
+    and the bench modules TorchDistributor's processes import)."""
+    from bigdl_py.spark.session import parse_spark_defaults
+
+    with open(os.path.join(ROOT, "conf", "spark-cluster.conf")) as handle:
+        cluster_file = parse_spark_defaults(handle.read())
+    scheduler = {key: value for key, value in cluster_file.items() if ".scheduler." in key}
+    conf = {
+        **scheduler,
+        **cluster.session_conf(),
+        "spark.executor.memory": "1g",
+        "spark.executorEnv.PYTHONPATH": os.pathsep.join([ROOT, BENCH_DIR]),
+    }
+    if os.environ.get("BIGDL_PY_STATE_DIR"):  # a directory every host shares, as a user sets it
+        conf["spark.executorEnv.BIGDL_PY_STATE_DIR"] = os.environ["BIGDL_PY_STATE_DIR"]
+    return conf
+
+
+def update_for(mode: str) -> tuple[str, int | None]:
+    """DistriOptimizer's ``update`` and ``iterations_per_job`` for a mode name of this bench:
+    ``UPDATE[/ITERATIONS_PER_JOB]``, where UPDATE is a registered name with its settings
+    (``local-sgd:8:117`` is ``LocalSGD(period=8, warmup_iterations=117)``)."""
+    update, _, per_job = mode.partition("/")
+    return update, int(per_job) if per_job else None
 
 
 def run_bigdl_mode(mode: str, arguments) -> dict:
@@ -89,12 +147,10 @@ def run_bigdl_mode(mode: str, arguments) -> dict:
     from bigdl_py.models import lenet5
     from bigdl_py.optim import SGD
     from bigdl_py.spark import DistriOptimizer
-    from bigdl_py.spark.session import get_spark
-    from bigdl_py.train import MaxEpoch, MaxScore, Or, SeveralIteration, Top1Accuracy
+    from bigdl_py.train import MaxEpoch, MaxIteration, MaxScore, Or, SeveralIteration, Top1Accuracy
     from bigdl_py.train.batches import as_array_dataset
 
-    spark = get_spark(f"local[{arguments.partitions}]", app_name=f"time to accuracy: {mode}")
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = session(arguments, mode)
     session_seconds = time.perf_counter() - started
     train = fashion_mnist("train")
     test = as_array_dataset(fashion_mnist("test"), "test set", shuffle=False)
@@ -107,9 +163,13 @@ def run_bigdl_mode(mode: str, arguments) -> dict:
         nn.NLLLoss(),
         SGD(lr=LEARNING_RATE, momentum=MOMENTUM),
         batch_size=arguments.batch_size,
-        end_trigger=Or(MaxEpoch(arguments.max_epochs), reached),
-        num_partitions=arguments.partitions,
-        update=update_for(mode),
+        end_trigger=Or(
+            MaxEpoch(arguments.max_epochs), MaxIteration(arguments.max_iterations), reached
+        ),
+        # On a cluster, as a user leaves it: the default (auto's layout, the task slots).
+        num_partitions=None if arguments.master else arguments.partitions,
+        update=update_for(mode)[0],
+        iterations_per_job=update_for(mode)[1],
         seed=SEED,
         progress=False,
         spark=spark,
@@ -152,6 +212,7 @@ def run_bigdl_mode(mode: str, arguments) -> dict:
         "validations": validations,
         "breakdown_ms": {key: value * 1000 for key, value in breakdown.items()},
         "update_chosen": getattr(optimizer, "update_description", None),
+        "application": spark.sparkContext.applicationId,
     }
 
 
@@ -174,7 +235,7 @@ def torch_lenet():
     )
 
 
-def ddp_train_to_target(target, batch_size, max_epochs, every):
+def ddp_train_to_target(target, batch_size, max_epochs, every, max_iterations):
     """The function TorchDistributor runs in each of its processes (rank 0's result is kept)."""
     import time
 
@@ -211,6 +272,12 @@ def ddp_train_to_target(target, batch_size, max_epochs, every):
                 optimizer.step()
                 training_seconds += time.perf_counter() - step_started
                 iteration += 1
+                if iteration >= max_iterations:
+                    return {
+                        "validations": validations,
+                        "iterations": iteration,
+                        "training_seconds": training_seconds,
+                    }
                 if iteration % every:
                     continue
                 validation_started = time.perf_counter()
@@ -249,10 +316,7 @@ def run_torch_distributor(arguments) -> dict:
     started, started_wall = time.perf_counter(), time.time()
     from torch_peer import run_on_torch_distributor
 
-    from bigdl_py.spark.session import get_spark
-
-    spark = get_spark(f"local[{arguments.partitions}]", app_name="time to accuracy: torch")
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = session(arguments, "torch")
     session_seconds = time.perf_counter() - started
     every = quarter_epoch_iterations(60000, arguments.batch_size)
     result = run_on_torch_distributor(
@@ -262,6 +326,8 @@ def run_torch_distributor(arguments) -> dict:
         arguments.batch_size,
         arguments.max_epochs,
         every,
+        arguments.max_iterations,
+        local_mode=arguments.master is None,
     )
     validations = [{**v, "seconds": v["wall_time"] - started_wall} for v in result["validations"]]
     hit = next((v for v in validations if v["accuracy"] >= arguments.target), None)
@@ -278,7 +344,9 @@ def run_torch_distributor(arguments) -> dict:
         / result["training_seconds"],
         "validations": validations,
         "breakdown_ms": {},
-        "update_chosen": "DDP, gloo, TorchDistributor local_mode",
+        "update_chosen": "DDP, gloo, TorchDistributor "
+        + ("local_mode" if arguments.master is None else "local_mode=False"),
+        "application": spark.sparkContext.applicationId,
     }
 
 
@@ -304,7 +372,13 @@ def run_in_fresh_process(mode: str, arguments) -> dict | None:
         str(arguments.batch_size),
         "--partitions",
         str(arguments.partitions),
+        "--max-iterations",
+        str(arguments.max_iterations),
     ]
+    if arguments.master:
+        command += ["--master", arguments.master, "--spark-conf", arguments.spark_conf]
+    if arguments.event_logs:
+        command += ["--event-logs", arguments.event_logs]
     completed = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
     for line in completed.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -448,21 +522,63 @@ def main(argv=None) -> None:
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--partitions", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--max-iterations", type=int, default=10**9)
+    parser.add_argument("--cluster", action="store_true")
+    parser.add_argument("--hosts", default=",".join(TWO_HOSTS), help="the cluster's workers")
+    parser.add_argument("--cores", type=int, default=1, help="cores of each worker")
+    parser.add_argument("--event-logs", default=None)
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--master", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--spark-conf", default=None, help=argparse.SUPPRESS)
     arguments = parser.parse_args(argv)
     if arguments.child:
         run_child(arguments.child, arguments)
         return
     arguments.load = os.getloadavg()[0]
+    where = f"local[{arguments.partitions}]"
+    if arguments.cluster:
+        hosts = arguments.hosts.split(",")
+        where = (
+            f"a standalone cluster of {len(hosts)} hosts x {arguments.cores} cores "
+            f"({', '.join(hosts)}, no shared disk)"
+        )
     print(
-        f"time to {arguments.target:.0%} test accuracy, LeNet-5 on Fashion-MNIST, local"
-        f"[{arguments.partitions}], global batch {arguments.batch_size}, SGD lr "
-        f"{LEARNING_RATE} momentum {MOMENTUM}; {os.cpu_count()} CPUs; numpy {np.__version__}"
+        f"time to {arguments.target:.0%} test accuracy, LeNet-5 on Fashion-MNIST, {where}, "
+        f"global batch {arguments.batch_size}, SGD lr {LEARNING_RATE} momentum {MOMENTUM}; "
+        f"{os.cpu_count()} CPUs; numpy {np.__version__}; commit {commit()}"
     )
     if arguments.what == "main-job":
         bench_main_job(arguments)
+    elif arguments.cluster:
+        if arguments.event_logs:
+            os.makedirs(arguments.event_logs, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix="bigdl_py-tta-cluster-") as directory:
+            hosts = arguments.hosts.split(",")
+            with LocalCluster(directory, hosts, cores=arguments.cores, memory="2g") as cluster:
+                arguments.master = cluster.url
+                arguments.spark_conf = json.dumps(cluster_session_conf(cluster))
+                # TorchDistributor's processes: one per core, as Spark's task slots.
+                arguments.partitions = len(hosts) * arguments.cores
+                bench_modes(arguments)
     else:
         bench_modes(arguments)
+
+
+def commit() -> str:
+    """The checkout's commit (with ``+`` when files differ from it), for the record."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+        ).stdout.strip()
+    except OSError:
+        return "unknown"
+    return head + ("+" if dirty else "")
 
 
 if __name__ == "__main__":

@@ -44,9 +44,10 @@ def _environment(**values: str) -> Iterator[None]:
                 os.environ[name] = value
 
 
-def run_on_torch_distributor(function: Callable, processes: int, *args):
-    """Run ``function(*args)`` in ``processes`` local processes under TorchDistributor, in the
-    active SparkSession; return rank 0's result."""
+def run_on_torch_distributor(function: Callable, processes: int, *args, local_mode: bool = True):
+    """Run ``function(*args)`` in ``processes`` processes under TorchDistributor, in the
+    active SparkSession: on the driver's machine (``local_mode``), or one per barrier task on
+    the executors; return rank 0's result."""
     from pyspark.ml.torch.distributor import TorchDistributor
 
     search_path = [ROOT, BENCH_DIR, os.environ.get("PYTHONPATH", "")]
@@ -57,7 +58,9 @@ def run_on_torch_distributor(function: Callable, processes: int, *args):
         # modules (where ``function`` lives) from this checkout.
         PYTHONPATH=os.pathsep.join(path for path in search_path if path),
     ):
-        distributor = TorchDistributor(num_processes=processes, local_mode=True, use_gpu=False)
+        distributor = TorchDistributor(
+            num_processes=processes, local_mode=local_mode, use_gpu=False
+        )
         return distributor.run(function, *args)
 
 

@@ -1,14 +1,22 @@
 #!/usr/bin/env bash
-# A Spark standalone cluster on this machine — one master and N workers, bound to 127.0.0.1 —
-# run from the pip-installed pyspark (its wheel ships bin/spark-class but not sbin/start-*.sh,
-# so the daemons are started here directly, each with a pid file).
+# A Spark standalone cluster on this machine — one master on 127.0.0.1 and N workers — run
+# from the pip-installed pyspark (its wheel ships bin/spark-class but not sbin/start-*.sh, so
+# the daemons are started here directly, each with a pid file). With --hosts each worker acts
+# as a host of its own: bound to its own loopback address and, with --separate-disks, with its
+# own temporary, work and local directories (no file one writes is visible to another).
 #
 #   scripts/local_cluster.sh start [options]   start master + workers, print the master URL
 #   scripts/local_cluster.sh status [--dir D]  show what runs and the master URL
 #   scripts/local_cluster.sh stop [--dir D]    stop exactly the processes `start` started
+#   scripts/local_cluster.sh replace-worker --host H [--dir D]
+#                                              a new, empty machine on H's address: a fresh
+#                                              worker (fresh directories) for one that died
 #
 # Options of start (defaults in brackets):
 #   --workers N           workers [2]
+#   --hosts A,B,...       one worker per address (127.x.y.z), instead of N on 127.0.0.1
+#   --separate-disks      each worker (each host) gets its own TMPDIR, work and local dirs
+#   --daemon-java-opts O  JVM options of the master and worker daemons [none]
 #   --cores C             cores each worker offers [1]
 #   --memory M            memory each worker offers to executors, e.g. 2g [1g]
 #   --daemon-memory M     heap of the master and worker JVMs themselves [512m]
@@ -23,7 +31,7 @@
 #   spark-submit --master "$(cat "$dir/master_url")" --conf spark.driver.host=127.0.0.1 job.py
 set -euo pipefail
 
-usage() { sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
+usage() { sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 
 command_name="${1:-}"
 [[ -n "$command_name" ]] || usage 2
@@ -36,6 +44,10 @@ daemon_memory=512m
 master_port=7077
 webui_port=8080
 gpus_per_worker=0
+hosts=""
+separate_disks=0
+daemon_java_opts=""
+replace_host=""
 state_dir="${BIGDL_PY_CLUSTER_DIR:-${TMPDIR:-/tmp}/bigdl_py-cluster-$(id -u)}"
 timeout_s=90
 
@@ -48,6 +60,10 @@ while [[ $# -gt 0 ]]; do
         --port) master_port="$2"; shift 2 ;;
         --webui-port) webui_port="$2"; shift 2 ;;
         --gpus-per-worker) gpus_per_worker="$2"; shift 2 ;;
+        --hosts) hosts="$2"; shift 2 ;;
+        --separate-disks) separate_disks=1; shift ;;
+        --daemon-java-opts) daemon_java_opts="$2"; shift 2 ;;
+        --host) replace_host="$2"; shift 2 ;;
         --dir) state_dir="$2"; shift 2 ;;
         --timeout) timeout_s="$2"; shift 2 ;;
         -h|--help) usage 0 ;;
@@ -61,6 +77,21 @@ for number in workers cores master_port webui_port gpus_per_worker timeout_s; do
         exit 2
     }
 done
+
+# One loopback address per worker: from --hosts, else 127.0.0.1 for each of --workers.
+worker_hosts=()
+if [[ -n "$hosts" ]]; then
+    IFS=, read -r -a worker_hosts <<< "$hosts"
+    for host in "${worker_hosts[@]}"; do
+        [[ "$host" =~ ^127\.[0-9]+\.[0-9]+\.[0-9]+$ ]] || {
+            echo "local_cluster.sh: --hosts takes loopback addresses (127.x.y.z), got '$host'" >&2
+            exit 2
+        }
+    done
+    workers=${#worker_hosts[@]}
+else
+    for _ in $(seq 1 "$workers"); do worker_hosts+=(127.0.0.1); done
+fi
 
 repo_dir="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 pid_dir="$state_dir/pids"
@@ -100,6 +131,7 @@ find_spark_home() {
 start_daemon() {
     local name="$1"; shift
     local pid_file="$pid_dir/$name.pid"
+    rm -f "$pid_file"  # a dead daemon's (replace-worker): wait for the new one's below
     setsid bash -c 'echo $$ > "$0"; exec "$@"' "$pid_file" \
         "$SPARK_HOME/bin/spark-class" "$@" > "$log_dir/$name.log" 2>&1 < /dev/null &
     local waited=0
@@ -150,7 +182,49 @@ stop_cluster() {
         fi
         rm -f "$pid_file"
     done
-    rm -f "$state_dir/master_url"
+    rm -f "$state_dir/master_url" "$pid_dir"/*.host
+}
+
+# start_worker INDEX HOST: worker INDEX bound to HOST. With separate disks every start is a
+# new machine: fresh tmp, work and local directories that no earlier worker there used
+# (executors inherit the worker's environment, so their Python workers write under its TMPDIR).
+start_worker() {
+    local index="$1" host="$2" work_dir log="$log_dir/worker-$1.log"
+    [[ -f "$log" ]] && mv "$log" "$log.previous"
+    echo "$host" > "$pid_dir/worker-$index.host"
+    (
+        export SPARK_LOCAL_IP="$host"
+        if [[ "$separate_disks" -eq 1 ]]; then
+            local machine=0 base="$state_dir/hosts/worker-$index"
+            while [[ -e "$base/machine-$machine" ]]; do machine=$((machine + 1)); done
+            mkdir -p "$base/machine-$machine"/{tmp,work,local}
+            export TMPDIR="$base/machine-$machine/tmp"
+            export SPARK_LOCAL_DIRS="$base/machine-$machine/local"
+            work_dir="$base/machine-$machine/work"
+        else
+            work_dir="$state_dir/work/worker-$index"
+        fi
+        start_daemon "worker-$index" org.apache.spark.deploy.worker.Worker \
+            --host "$host" --port 0 --webui-port 0 --cores "$cores" --memory "$memory" \
+            --work-dir "$work_dir" "$master_url"
+    )
+}
+
+wait_for_worker() {
+    wait_for "worker-$1" "$pid_dir/worker-$1.pid" "$log_dir/worker-$1.log" \
+        "Successfully registered with master"
+}
+
+# The daemons' environment, the same for start and replace-worker.
+daemon_environment() {
+    export SPARK_DAEMON_MEMORY="$daemon_memory"
+    export SPARK_LOG_DIR="$log_dir"
+    [[ -z "$daemon_java_opts" ]] || export SPARK_DAEMON_JAVA_OPTS="$daemon_java_opts"
+    if [[ "$gpus_per_worker" -gt 0 ]]; then
+        export SPARK_WORKER_OPTS="${SPARK_WORKER_OPTS:-} \
+-Dspark.worker.resource.gpu.amount=$gpus_per_worker \
+-Dspark.worker.resource.gpu.discoveryScript=$repo_dir/scripts/get_gpus_resources.sh"
+    fi
 }
 
 start_cluster() {
@@ -164,37 +238,56 @@ start_cluster() {
         exit 1
     fi
     mkdir -p "$pid_dir" "$log_dir" "$state_dir/work"
-    rm -f "$pid_dir"/*.pid
+    rm -f "$pid_dir"/*.pid "$pid_dir"/*.host
+    # What replace-worker needs to start a worker like these.
+    declare -p cores memory daemon_memory daemon_java_opts separate_disks gpus_per_worker \
+        master_url > "$state_dir/cluster.settings"
 
-    # Everything binds to the loopback interface: RPC, block manager and web UIs.
-    export SPARK_LOCAL_IP=127.0.0.1
-    export SPARK_DAEMON_MEMORY="$daemon_memory"
-    export SPARK_LOG_DIR="$log_dir"
-    if [[ "$gpus_per_worker" -gt 0 ]]; then
-        export SPARK_WORKER_OPTS="${SPARK_WORKER_OPTS:-} \
--Dspark.worker.resource.gpu.amount=$gpus_per_worker \
--Dspark.worker.resource.gpu.discoveryScript=$repo_dir/scripts/get_gpus_resources.sh"
-    fi
-
-    start_daemon master org.apache.spark.deploy.master.Master \
-        --host 127.0.0.1 --port "$master_port" --webui-port "$webui_port"
+    # The master binds to 127.0.0.1; each worker to its host's address (RPC, block manager,
+    # web UIs), so executors on different "hosts" talk over different addresses.
+    daemon_environment
+    ( export SPARK_LOCAL_IP=127.0.0.1
+      start_daemon master org.apache.spark.deploy.master.Master \
+          --host 127.0.0.1 --port "$master_port" --webui-port "$webui_port" )
     wait_for master "$pid_dir/master.pid" "$log_dir/master.log" "Starting Spark master at" || {
         stop_cluster >/dev/null; exit 1; }
     for index in $(seq 1 "$workers"); do
-        start_daemon "worker-$index" org.apache.spark.deploy.worker.Worker \
-            --host 127.0.0.1 --port 0 --webui-port 0 --cores "$cores" --memory "$memory" \
-            --work-dir "$state_dir/work/worker-$index" "$master_url"
+        start_worker "$index" "${worker_hosts[$((index - 1))]}"
     done
     for index in $(seq 1 "$workers"); do
-        wait_for "worker-$index" "$pid_dir/worker-$index.pid" "$log_dir/worker-$index.log" \
-            "Successfully registered with master" || { stop_cluster >/dev/null; exit 1; }
+        wait_for_worker "$index" || { stop_cluster >/dev/null; exit 1; }
     done
     echo "$master_url" > "$state_dir/master_url"
     local ui
     ui="$(grep -o 'http://[^ ]*' "$log_dir/master.log" | head -n 1 || true)"
     echo "master: $master_url (web UI ${ui:-unknown}); $workers worker(s) x $cores core(s), $memory"
+    [[ -z "$hosts" ]] || echo "hosts: $hosts$([[ $separate_disks -eq 1 ]] && echo ', separate disks')"
     echo "state and logs: $state_dir"
     echo "$master_url"
+}
+
+replace_worker() {
+    [[ -n "$replace_host" ]] || { echo "local_cluster.sh: replace-worker needs --host H" >&2; exit 2; }
+    [[ -f "$state_dir/cluster.settings" ]] || {
+        echo "local_cluster.sh: no cluster started from $state_dir" >&2; exit 1; }
+    find_spark_home
+    # shellcheck disable=SC1091  # written by start_cluster
+    source "$state_dir/cluster.settings"
+    local host_file index=""
+    for host_file in "$pid_dir"/worker-*.host; do
+        [[ -f "$host_file" && "$(cat "$host_file")" == "$replace_host" ]] || continue
+        index="$(basename "$host_file" .host)"
+        index="${index#worker-}"
+    done
+    [[ -n "$index" ]] || { echo "local_cluster.sh: no worker of this cluster on $replace_host" >&2; exit 1; }
+    if is_our_daemon "$pid_dir/worker-$index.pid" worker.Worker; then
+        echo "local_cluster.sh: worker-$index on $replace_host still runs; only a dead one is replaced" >&2
+        exit 1
+    fi
+    daemon_environment
+    start_worker "$index" "$replace_host"
+    wait_for_worker "$index" || exit 1
+    echo "worker-$index: a new machine on $replace_host (pid $(cat "$pid_dir/worker-$index.pid"))"
 }
 
 status_cluster() {
@@ -224,6 +317,7 @@ case "$command_name" in
     start) start_cluster ;;
     stop) stop_cluster ;;
     status) status_cluster ;;
+    replace-worker) replace_worker ;;
     -h|--help|help) usage 0 ;;
-    *) echo "local_cluster.sh: unknown command '$command_name' (start|stop|status)" >&2; usage 2 ;;
+    *) echo "local_cluster.sh: unknown command '$command_name' (start|stop|status|replace-worker)" >&2; usage 2 ;;
 esac

@@ -84,7 +84,7 @@ class Piece(NamedTuple):
     payload: wire.WireArray
 
 
-def shuffle_to_owners(rdd: RDD, count: int) -> RDD:
+def shuffle_to_owners(rdd: RDD, count: int, task_profile: Any = None) -> RDD:
     """``(owner, value)`` pairs to partition ``owner``: ``rdd.partitionBy(count, owner_partition)``.
 
     The one shuffle every collective and training mode uses. PySpark pickles each bucket on
@@ -99,6 +99,10 @@ def shuffle_to_owners(rdd: RDD, count: int) -> RDD:
     ``spark.shuffle.sort.bypassMergeThreshold=1``) Spark writes the records with its
     serialized shuffle writer, 4-6x less shuffle-write time than the bypass-merge writer
     it picks by default (``bigdl_py.spark.session.RECOMMENDED_CONF``).
+
+    ``task_profile`` (a ``pyspark.resource.ResourceProfile``), when given, is the reading
+    stage's: it is set on the shuffle's output RDD, the first of that stage, where it does
+    not stop PySpark from pipelining the stage's Python functions into one.
     """
     partitioner = rdd.partitioner
     if (
@@ -113,6 +117,8 @@ def shuffle_to_owners(rdd: RDD, count: int) -> RDD:
         split_above=shuffle_records.SPLIT_ABOVE,
     )
     partitioned = rdd.mapPartitionsWithIndex(split).partitionBy(count, owner_partition)
+    if task_profile is not None:
+        partitioned = partitioned.withResources(task_profile)
     return partitioned.mapPartitions(shuffle_records.join_large_values, preservesPartitioning=True)
 
 

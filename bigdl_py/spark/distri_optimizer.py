@@ -121,6 +121,7 @@ class SparkRunner(IterationRunner):
             parameter_bytes=int(self.flat.size) * self.flat.weights.dtype.itemsize,
             num_partitions=self.plan.num_partitions,
             global_norm_clipping=l2 is not None,
+            share_bytes=self._share_bytes(training_set),
         )
         if run_plan.reason is not None:
             logger.info(run_plan.reason)
@@ -143,6 +144,7 @@ class SparkRunner(IterationRunner):
             mode=self.mode,
             # Where no disk is shared, the optimizer state travels with the jobs.
             carry_state=not executors.shared_disk,
+            replicas_per_task=run_plan.replicas_per_task,
         )
         self.spec = self.mode.prepare(self.spec, setup)  # a pipeline cuts the model here
         self._resume_states = None
@@ -150,6 +152,12 @@ class SparkRunner(IterationRunner):
         self.iterations_per_call = self.mode.iterations_per_call(
             run_plan.iterations_per_job, self.spec
         )
+
+    def _share_bytes(self, training_set: SparkTrainingSet) -> int:
+        """Bytes of the largest partition's share of a global batch."""
+        handles = training_set.data.partition_handles
+        sample_bytes = max(int(handle.get("sample_bytes", 0)) for handle in handles)
+        return -(-self.plan.batch_size // self.plan.num_partitions) * sample_bytes
 
     def _ensure_run(self, iteration: int) -> SparkTrainingRun:
         if self.run is None:
@@ -309,6 +317,23 @@ class SparkRunner(IterationRunner):
             mode.release()
 
 
+def _auto_whole_executor_cpus(settings: SparkTrainingSettings):
+    """For ``update="auto"``: ``sc -> CPUs of a whole-executor task, or None`` (its rule:
+    :func:`bigdl_py.spark.modes.auto.whole_executor_cpus`); None for a named mode."""
+    if settings.update != "auto":
+        return None
+
+    def cpus(sc) -> int | None:
+        from bigdl_py.spark.modes.auto import whole_executor_cpus
+        from bigdl_py.spark.session import executor_layout, is_local_mode
+
+        executors, cores = executor_layout(sc)
+        task_cpus = int(sc.getConf().get("spark.task.cpus", "1"))
+        return whole_executor_cpus(executors, cores, task_cpus, is_local_mode(sc), settings.device)
+
+    return cpus
+
+
 def _is_schedule_key(key: str) -> bool:
     return key in ("iteration", "epoch") or key.startswith("schedule.")
 
@@ -329,7 +354,8 @@ class DistriOptimizer(BaseOptimizer):
         As for ``LocalOptimizer``; ``batch_size`` is the *global* batch of one update.
     num_partitions : int, optional
         Data partitions = model replicas = optimizer shards (default: the cluster's task
-        slots, ``bigdl_py.spark.task_slots``).
+        slots, ``bigdl_py.spark.task_slots``; with ``update="auto"`` on executors of several
+        cores, one per executor: see ``update``).
     feature_cols, label_col, feature_shape
         For a DataFrame (see ``bigdl_py.spark.dataframe.dataframe_to_partition_arrays``).
     wire_dtype : None, "float16" or "bfloat16"
@@ -340,19 +366,21 @@ class DistriOptimizer(BaseOptimizer):
         a ``batch_size / gradient_accumulation`` batch.
     iterations_per_job : int, optional
         Iterations chained into one Spark job (1 to ``MAX_ITERATIONS_PER_JOB``, 32; default: as
-        ``update="auto"`` picks it, else ``DEFAULT_ITERATIONS_PER_JOB`` (8) where the executors
-        share a disk — local modes, one
-        host, or a shared ``BIGDL_PY_STATE_DIR`` — else 1, because a chained stage may run
-        away from its partition's files; see ``session.executors_share_a_disk``): each
+        ``update="auto"`` picks it, else ``DEFAULT_ITERATIONS_PER_JOB`` (8)): each
         iteration stays two stages with the same AllReduce, but the weights pass from one
         iteration's owners to the next iteration's replicas through a shuffle instead of
         the driver, and Spark's fixed cost of a job is paid once per chain. A chain ends
         early at the end of an epoch and wherever a trigger (end, validation, checkpoint)
         fires; it is one iteration long with global-norm clipping or a trigger that reads the
         training loss (``MinLoss``). Progress and summaries arrive a chain at a time.
-        Where the executors share no disk, each job's last update also returns the optimizer
-        state, which the driver ships to the next job's first update (a task on another host
-        finds no state file): the state's bytes cross the network once per job.
+        Where the executors share no disk (hosts of their own, no shared
+        ``BIGDL_PY_STATE_DIR``: ``session.executors_share_a_disk``) a chained stage may run
+        on another host than its partition's files, so the chain's first stage gathers each
+        partition's rows of the later iterations and they travel from stage to stage with
+        its optimizer state (``records.Own``); the default chain is then at most what 16 MB
+        of rows allow (``records.iterations_with_carried_rows``: 81 iterations of LeNet-5 at
+        batch 128 on 2 partitions, 1 for ImageNet-sized images), and each job's last update
+        returns the optimizer state, which the driver ships to the next job.
     update : {"auto", "sharded", "replicated", "local-sgd", "one-task", "pipeline"} or a mode object
         How the partitions' gradients become new weights (one file per mode in
         :mod:`bigdl_py.spark.modes`). ``"sharded"`` (BigDL's AllReduce): partition ``j``
@@ -371,8 +399,11 @@ class DistriOptimizer(BaseOptimizer):
         children do not); elsewhere one of sharded and replicated and the
         iterations per job; it logs its choice once at the start (logger
         ``bigdl_py.spark``): **replicated with 16 iterations per job while N x parameter
-        bytes <= 16 MB, else sharded with 1** — 1 per job in both where the executors do
-        not share a disk, and a given ``iterations_per_job`` is kept. The
+        bytes <= 16 MB, else sharded with 1** — a given ``iterations_per_job`` is kept —
+        and, on executors of several cores, **one task per executor** (one partition each,
+        its share trained on a replica per core: the task's own and forked helpers, asked
+        for with stage-level scheduling), so one gradient per executor enters the
+        AllReduce (``num_partitions`` left to auto). The
         rule comes from bench/RESULTS.md (LeNet-5, 89 KB: replicated 1.6-1.8x faster at
         batch 128; the CIFAR CNN, 4.5 MB: the two within noise; the shuffle's cost grows
         past 16 MB per receiver); :mod:`bigdl_py.spark.modes.auto` gives the numbers.
@@ -477,11 +508,13 @@ class DistriOptimizer(BaseOptimizer):
             shuffle=shuffle,
             spark=spark,
             check_input=check_input,
+            whole_executor_cpus=_auto_whole_executor_cpus(settings),
             **self._dataframe_reading,
         )
         self._sc = sc
         # What the executors are is known now (the data is on them).
-        self.training_set = SparkTrainingSet(self.data, plan, Executors.of(sc))
+        executors = Executors.of(sc, whole_executor_cpus=self.data.task_cpus)
+        self.training_set = SparkTrainingSet(self.data, plan, executors)
         self.num_partitions = self.data.num_partitions
 
     def _check_batch_size(self, batch_size: Any) -> int:

@@ -36,6 +36,7 @@ from bigdl_py.optim.flat_parameters import flat_layout
 from bigdl_py.spark.modes import resolve_mode
 from bigdl_py.spark.partitioned_data import prepare_training
 from bigdl_py.spark.replica import RunSpec, StepBatch, trained_submodule
+from bigdl_py.spark.session import executors_share_a_disk
 from bigdl_py.spark.training_run import SparkTrainingRun
 from bigdl_py.train import checkpoint as checkpoints
 from bigdl_py.train.resume import pack_state_dicts, unpack_state_dicts
@@ -196,6 +197,9 @@ class DistriTrainer:
             training_step=training_step,
             stream=zlib.crc32(name.encode()),
             mode=resolve_mode("sharded"),
+            # Where the executors share no disk, a step's owner finds no state file on
+            # another host: the state travels through the driver, as DistriOptimizer's.
+            carry_state=not executors_share_a_disk(self.data.sc),
         )
         self.steps[name] = _Step(name, spec, names, self.values)
         return self

@@ -167,14 +167,29 @@ def _state_store(spec: RunSpec, shard: int) -> ShardStateStore:
     return ShardStateStore(run_directory(spec.state_dir, spec.run_id), name)
 
 
-def owned_shard(spec: RunSpec, shard: int, iteration: int, initial_states: dict | None):
+def owned_shard(
+    spec: RunSpec,
+    shard: int,
+    iteration: int,
+    initial_states: dict | None,
+    carried_state: dict | None = None,
+):
     """Shard ``shard``'s OptimMethod with its state after iteration ``iteration - 1``.
 
-    Looked up in this worker's cache first, then in the host's state file, then (for the
-    first iteration of a run or of a resume) in ``initial_states`` (as the run's mode reads a
-    checkpoint's shards: ``spec.mode.initial_state``) or fresh.
+    ``carried_state`` is that state where it came with the stage's input (executors
+    without a shared disk: :class:`~bigdl_py.spark.records.Own`); it is taken as it is, so
+    that the stage stays a pure function of its input on any host. Otherwise the state is
+    looked up in this worker's cache first, then in the host's state file, then (for the
+    first iteration of a run, of a resume, or of a job where the state travels through the
+    driver) in ``initial_states`` (as the run's mode reads a checkpoint's shards:
+    ``spec.mode.initial_state``) or fresh.
     """
     key = state_key(spec, shard)
+    if carried_state is not None:
+        method = copy.deepcopy(spec.optim_method)
+        method.load_state_dict(carried_state)
+        worker.store(spec.run_id, key, method, version=("updating", iteration))
+        return method
     method = worker.lookup(spec.run_id, key, version=iteration - 1)
     if method is not None:
         # The caller is about to change it: until keep_shard records the new state, nobody
@@ -209,7 +224,9 @@ def keep_shard(
     background: bool = False,
 ) -> None:
     """Record that ``method`` now holds the state after ``iteration``: in this worker's cache
-    and in the host's state file (for other workers and retries).
+    and, where the executors share a disk, in the host's state file (for other workers and
+    retries; without a shared disk the state travels with the stages' records instead:
+    :func:`own_state`).
 
     The files of earlier iterations are deleted, except those from ``retain_from`` on: a job
     that chains several iterations keeps every state since its start, because Spark may
@@ -218,6 +235,8 @@ def keep_shard(
     must not change ``method`` again before it ends.
     """
     worker.store(spec.run_id, state_key(spec, shard), method, version=iteration)
+    if spec.carry_state:
+        return
     store = _state_store(spec, shard)
     if background:
         save_in_background(store, iteration, method.state_dict(), retain_from)
@@ -225,15 +244,26 @@ def keep_shard(
         store.save(iteration, method.state_dict(), retain_from)
 
 
+def own_state(spec: RunSpec, shard: int, iteration: int) -> dict | None:
+    """Partition ``shard``'s optimizer state after ``iteration`` as the mode keeps it (recorded
+    by :func:`keep_shard` in this task), for its next stage where the state travels with the
+    records (``spec.carry_state``); None where it does not, or where this partition keeps
+    no state (a mode whose owners are some partitions only)."""
+    if not spec.carry_state:
+        return None
+    method = worker.lookup(spec.run_id, state_key(spec, shard), version=iteration)
+    return method.state_dict() if method is not None else None
+
+
 def travelling_state(spec: RunSpec, shard: int, iteration: int, bounds: list) -> dict | None:
     """Partition ``shard``'s optimizer state after ``iteration`` as a checkpoint holds it, for
     the driver to ship to the next job (``spec.carry_state``); None where hosts share a disk."""
     if not spec.carry_state:
         return None
-    method = worker.lookup(spec.run_id, state_key(spec, shard), version=iteration)
-    if method is None:  # recorded by keep_shard in this task just before
+    state = own_state(spec, shard, iteration)
+    if state is None:  # recorded by keep_shard in this task just before
         raise RuntimeError(f"the optimizer state of partition {shard} after {iteration} is lost")
-    return spec.mode.checkpoint_state(method.state_dict(), shard, bounds)
+    return spec.mode.checkpoint_state(state, shard, bounds)
 
 
 # --- the owner step: every mode's update goes through owner_step ----------------------------
@@ -357,15 +387,17 @@ def update_owned(
     halted: bool = False,
     retain_from: int | None = None,
     background: bool = False,
+    carried_state: dict | None = None,
 ) -> np.ndarray:
     """Owner ``owner``'s :func:`owner_step` of iteration ``iteration`` with the state it keeps
     between iterations: BigDL's "update the owned slice".
 
-    The state comes from :func:`owned_shard` and is recorded under ``iteration`` in every
-    case, halted or not, for the next step to find (its file written by a thread with
-    ``background``: see :func:`keep_shard`).
+    The state comes from :func:`owned_shard` (``carried_state`` where it came with the
+    stage's input) and is recorded under ``iteration`` in every case, halted or not, for the
+    next step to find (its file written by a thread with ``background``: see
+    :func:`keep_shard`).
     """
-    method = owned_shard(spec, owner, iteration, initial_states)
+    method = owned_shard(spec, owner, iteration, initial_states, carried_state)
     new_weights = owner_step(
         spec,
         method,

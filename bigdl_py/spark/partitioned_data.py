@@ -97,6 +97,12 @@ def write_partition_data(
     return {
         "partition": partition,
         "size": int(len(labels)),
+        # A sample's bytes (its features and label): what a share of it weighs where the
+        # chain's rows travel with its stages (records.ShareRows).
+        "sample_bytes": int(
+            sum(array.dtype.itemsize * int(np.prod(array.shape[1:])) for array in features)
+            + labels.dtype.itemsize * int(np.prod(labels.shape[1:]))
+        ),
         "feature_paths": paths,
         "label_path": label_path,
         "host": os.uname().nodename,
@@ -224,9 +230,23 @@ class PartitionedData:
     """
 
     def __init__(
-        self, sc, rdd, num_partitions: int, state_dir: str | None = None, sources: list = ()
+        self,
+        sc,
+        rdd,
+        num_partitions: int,
+        state_dir: str | None = None,
+        sources: list = (),
+        task_cpus: int | None = None,
     ):
         self.sc = sc
+        # Whole-executor tasks (``task_cpus`` CPUs each): the handles are cached one per
+        # executor by tasks of that profile, and every training stage runs under it.
+        self.task_cpus = task_cpus
+        self.task_profile = None
+        if task_cpus is not None:
+            from bigdl_py.spark.session import task_profile
+
+            self.task_profile = task_profile(task_cpus)
         # Broadcasts ``rdd`` reads from: kept while the data lives (an executor lost later
         # rebuilds its partitions from them), destroyed by close().
         self.sources = list(sources)
@@ -244,7 +264,10 @@ class PartitionedData:
             directory = run_directory(state_dir, data_id)
             yield write_partition_data(directory, partition, features, labels)
 
-        self.handles = rdd.mapPartitionsWithIndex(write).cache()
+        handles = rdd.mapPartitionsWithIndex(write)
+        if self.task_profile is not None:
+            handles = handles.withResources(self.task_profile)
+        self.handles = handles.cache()
         try:
             with job_description(sc, "bigdl_py: cache the training data on the executors"):
                 infos = sorted(self.handles.collect(), key=lambda handle: handle["partition"])
@@ -312,6 +335,7 @@ def prepare_training(
     shuffle: bool,
     spark: Any,
     check_input: Any = None,
+    whole_executor_cpus: Any = None,
 ) -> tuple[Any, PartitionedData, PartitionedBatchPlan]:
     """The set-up ``DistriOptimizer`` and ``DistriTrainer`` share: ``(sc, data, plan)``.
 
@@ -319,7 +343,8 @@ def prepare_training(
     partitions (default: the cluster's task slots) and cached on the executors, and the
     batch plan laid over the partitions' sizes. ``check_input(data, sc, num_partitions)``,
     when given, checks (and may convert) the input first. On a bad input nothing stays
-    cached.
+    cached. ``whole_executor_cpus(sc)``, when given and no partition count is, says whether
+    to train in whole-executor tasks: their CPUs (then one partition per executor), or None.
     """
     from bigdl_py.spark.session import (
         CONNECT_TRAINING_ALTERNATIVE,
@@ -334,13 +359,20 @@ def prepare_training(
         )
     spark = spark or get_spark()
     sc = spark.sparkContext
+    task_cpus = None
+    if num_partitions is None and whole_executor_cpus is not None:
+        task_cpus = whole_executor_cpus(sc)
+        if task_cpus is not None:
+            from bigdl_py.spark.session import executor_layout
+
+            num_partitions = executor_layout(sc)[0]
     num_partitions = partition_count(sc, num_partitions)
     if check_input is not None:
         training_set = check_input(training_set, sc, num_partitions)
     rdd, sources = training_rdd(
         training_set, sc, num_partitions, feature_cols, label_col, feature_shape
     )
-    data = PartitionedData(sc, rdd, num_partitions, sources=sources)
+    data = PartitionedData(sc, rdd, num_partitions, sources=sources, task_cpus=task_cpus)
     try:
         plan = PartitionedBatchPlan(data.sizes, batch_size, seed=seed, shuffle=shuffle)
     except ValueError:

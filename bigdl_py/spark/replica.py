@@ -6,7 +6,9 @@ does not change between iterations travels once per run, by broadcast, as a :cla
 
 Partition ``j``'s replica (model + memory-mapped data) lives in its Python worker's cache
 (``bigdl_py.spark.worker``) between tasks; a miss rebuilds it from the run spec and the
-host-local data files, so it is only slower, never wrong.
+host-local data files, so it is only slower, never wrong. A stage that brings its rows with
+it (:class:`~bigdl_py.spark.records.ShareRows`: executors without a shared disk) trains on
+those, and its replica never opens the files, which may be on another host.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from bigdl_py.autograd.tensor import Tensor
 from bigdl_py.optim.flat_parameters import FlatParameters, flat_layout
 from bigdl_py.spark import replica_graph, worker
 from bigdl_py.spark.partitioned_data import load_partition_data
-from bigdl_py.spark.records import Report
+from bigdl_py.spark.records import Report, ShareRows
 
 
 @dataclass
@@ -57,6 +59,9 @@ class RunSpec:
     # Where the executors share no disk, a host-local state file cannot be found by a task
     # on another host: the optimizer state then travels with the jobs, through the driver.
     carry_state: bool = False
+    # Replicas a stage task trains its partition's share on (a whole-executor task: one per
+    # core of the executor, all but one in forked helper processes); 1: the task's own.
+    replicas_per_task: int = 1
     extras: dict = field(default_factory=dict)
     # Custom training steps (bigdl_py.spark.distri_trainer): the dotted name of the submodule
     # whose parameters this run trains (None: the whole model; the others are frozen and
@@ -95,10 +100,23 @@ class Replica:
                 f"replica has {self.flat.size} parameters but the run expects {spec.flat_size}"
             )
         self.criterion = spec.criterion
-        self.features, self.labels = load_partition_data(handle)
+        self.handle = handle
+        self._host_data: tuple | None = None
+        self.features: Any = None
+        self.labels: Any = None
         self.partition = handle["partition"]
         self.seed = spec.seed
         self.buffer_names = [name for name, _ in self.model.named_buffers()]
+
+    def use_host_data(self) -> None:
+        """Train on the partition's files on this host (memory-mapped once, then kept)."""
+        if self._host_data is None:
+            self._host_data = load_partition_data(self.handle)
+        self.features, self.labels = self._host_data
+
+    def use_rows(self, features: tuple, labels: np.ndarray) -> None:
+        """Train on these rows (a share that came with the stage's input)."""
+        self.features, self.labels = features, labels
 
     def reseed(self, iteration: int) -> None:
         """Random layers (dropout) draw from streams fixed by (seed, partition, iteration):
@@ -200,6 +218,8 @@ def forward_backward(
     labels go to the device with the features, checked there), unless graphs are off or a
     custom training step runs, when the package's losses take host labels.
     """
+    if replica.features is None:  # nothing chosen yet: the partition's files on this host
+        replica.use_host_data()
     replica.flat.load(weights)  # moved to the replica's device by FlatParameters
     replica.load_frozen(frozen_weights)
     replica.flat.zero_grad()
@@ -299,10 +319,15 @@ def replica_gradient(
     halted: bool = False,
     frozen_weights: np.ndarray | None = None,
     start_buffers: dict | None = None,
+    rows: ShareRows | None = None,
+    train=forward_backward,
 ) -> tuple[np.ndarray, Report]:
     """Forward-backward of ``partition`` (its data: ``handle``) on its ``share`` of iteration
     ``iteration``: its gradient and report (whose clock starts at ``entered``, when the task
-    entered Python).
+    entered Python). With ``rows`` (the share's rows, carried to this stage) the files are
+    not read: the rows are the share, in its order. ``train`` is the forward-backward
+    (:func:`forward_backward`'s signature; a whole-executor task's trains on several
+    replicas).
 
     ``share_of`` says whose mean loss the gradient is of (:class:`ShareOf`). A ``halted``
     chain (stopped by an earlier non-finite loss) gets zeros and runs nothing.
@@ -312,13 +337,18 @@ def replica_gradient(
     """
     started = time.perf_counter()
     replica = worker.fetch(spec.run_id, ("replica", partition), lambda: Replica(spec, handle))
+    if rows is not None:
+        replica.use_rows(*rows.of(iteration))
+        share = np.arange(len(replica.labels))
+    else:
+        replica.use_host_data()
     if start_buffers:
         replica.load_buffers(start_buffers)
     if halted:
         gradient, loss_sum, samples = np.zeros(weights.size, weights.dtype), 0.0, 0
     else:
         batch_size = spec.batch_size if share_of is ShareOf.GLOBAL_BATCH else max(len(share), 1)
-        gradient, loss_sum, samples = forward_backward(
+        gradient, loss_sum, samples = train(
             replica,
             weights,
             share,

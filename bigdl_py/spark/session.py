@@ -308,6 +308,27 @@ def task_slots(sc: SparkContext) -> int:
     return max(1, sc.defaultParallelism // cpus_per_task)
 
 
+def executor_layout(sc: SparkContext) -> tuple[int, int]:
+    """``(executors, cores of each)`` of the executors registered so far: in local mode one
+    executor of :func:`task_slots` cores; elsewhere ``spark.executor.cores`` when set, else
+    the cluster's cores (``sc.defaultParallelism``) shared out evenly."""
+    if is_local_mode(sc):
+        return 1, task_slots(sc) * max(1, int(sc.getConf().get("spark.task.cpus", "1")))
+    infos = sc._jsc.sc().statusTracker().getExecutorInfos()  # the driver's entry included
+    driver = sc.getConf().get("spark.driver.host")
+    executors = max(1, sum(1 for info in infos if info.host() != driver) or len(infos))
+    cores = sc.getConf().get("spark.executor.cores")
+    return executors, int(cores) if cores else max(1, sc.defaultParallelism // executors)
+
+
+def task_profile(cpus: int):
+    """A ResourceProfile whose tasks take ``cpus`` CPUs each (stage-level scheduling, task
+    resources only: standalone, YARN and Kubernetes run it without dynamic allocation)."""
+    from pyspark.resource import ResourceProfileBuilder, TaskResourceRequests
+
+    return ResourceProfileBuilder().require(TaskResourceRequests().cpus(int(cpus))).build
+
+
 def is_local_mode(sc: SparkContext) -> bool:
     """Whether Spark runs in this one process (``local``, ``local[n]``, ``local[*]``):
     every partition on one machine, in one executor."""

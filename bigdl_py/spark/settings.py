@@ -22,9 +22,11 @@ from typing import Any, NamedTuple
 from bigdl_py.spark import wire
 from bigdl_py.spark.gpu import check_device_request
 from bigdl_py.spark.modes import TrainingMode, resolve_mode
+from bigdl_py.spark.records import iterations_with_carried_rows
 
-#: Iterations per Spark job where the executors share a disk and the caller gave none
-#: (bench/RESULTS.md: chaining them pays the job's fixed cost once).
+#: Iterations per Spark job where the caller gave none (bench/RESULTS.md: chaining them pays
+#: the job's fixed cost once); fewer where no disk is shared and large shares would travel
+#: with the chain (records.iterations_with_carried_rows).
 DEFAULT_ITERATIONS_PER_JOB = 8
 #: The upper bound keeps a job's lineage (two shuffles per iteration) well inside the driver
 #: JVM's stack: Spark walks it recursively and overflowed at 100 iterations.
@@ -81,21 +83,29 @@ class Executors:
     shared_disk: bool  # every executor reads the files another wrote (local modes, one host,
     # or a shared BIGDL_PY_STATE_DIR): a chained stage may run away from its partition's files
     local_mode: bool  # Spark runs in this one process (``local[n]``)
+    # Whole-executor tasks the run's data was laid out for (their CPUs), else None.
+    whole_executor_cpus: int | None = None
 
     @classmethod
-    def of(cls, sc: Any) -> Executors:
+    def of(cls, sc: Any, whole_executor_cpus: int | None = None) -> Executors:
         """The executors of SparkContext ``sc`` (ask once the data is on them)."""
         from bigdl_py.spark.session import executors_share_a_disk, is_local_mode
 
-        return cls(shared_disk=executors_share_a_disk(sc), local_mode=is_local_mode(sc))
+        return cls(
+            shared_disk=executors_share_a_disk(sc),
+            local_mode=is_local_mode(sc),
+            whole_executor_cpus=whole_executor_cpus,
+        )
 
 
 class RunPlan(NamedTuple):
-    """What one run does: its training mode (its own copy) and iterations per job."""
+    """What one run does: its training mode (its own copy), iterations per job, and the
+    replicas each stage task trains on (a whole-executor task's: one per core)."""
 
     mode: TrainingMode
     iterations_per_job: int
     reason: str | None  # ``update="auto"``'s choice, in words, for the log; None otherwise
+    replicas_per_task: int = 1
 
 
 def plan_run(
@@ -105,14 +115,17 @@ def plan_run(
     parameter_bytes: int,
     num_partitions: int,
     global_norm_clipping: bool,
+    share_bytes: int = 0,
 ) -> RunPlan:
     """The mode and iterations per job of a run of ``parameter_bytes`` of trained parameters
-    over ``num_partitions`` partitions on ``executors``.
+    over ``num_partitions`` partitions on ``executors``, whose largest share of a global
+    batch is ``share_bytes``.
 
     ``update="auto"`` follows :func:`bigdl_py.spark.modes.auto.choose_mode`. A named mode or
     mode object runs the caller's ``iterations_per_job``, by default
-    ``DEFAULT_ITERATIONS_PER_JOB`` where the executors share a disk and 1 elsewhere. The mode
-    is the run's own copy: a mode object may record per-run settings.
+    ``DEFAULT_ITERATIONS_PER_JOB`` (where the executors share no disk, at most
+    :func:`~bigdl_py.spark.records.iterations_with_carried_rows`). The mode is the run's own
+    copy: a mode object may record per-run settings.
     """
     if settings.update == "auto":
         from bigdl_py.spark.modes.auto import choose_mode
@@ -124,9 +137,20 @@ def plan_run(
             global_norm_clipping=global_norm_clipping,
             iterations_per_job=settings.iterations_per_job,
             local_mode=executors.local_mode,
+            share_bytes=share_bytes,
         )
-        return RunPlan(resolve_mode(choice.update), choice.iterations_per_job, choice.reason)
+        replicas = executors.whole_executor_cpus or 1
+        reason = choice.reason
+        if replicas > 1:
+            reason += f"; one task per executor, on {replicas} replicas (one per core)"
+        return RunPlan(resolve_mode(choice.update), choice.iterations_per_job, reason, replicas)
+    mode = copy.deepcopy(resolve_mode(settings.update))
+    # The data's layout decides: whole-executor tasks train on a replica per core (the
+    # one-task mode has its own replicas).
+    replicas = executors.whole_executor_cpus or 1 if mode.name != "one-task" else 1
     per_job = settings.iterations_per_job
     if per_job is None:
-        per_job = DEFAULT_ITERATIONS_PER_JOB if executors.shared_disk else 1
-    return RunPlan(copy.deepcopy(resolve_mode(settings.update)), int(per_job), None)
+        per_job = DEFAULT_ITERATIONS_PER_JOB
+        if not executors.shared_disk:
+            per_job = min(per_job, iterations_with_carried_rows(share_bytes))
+    return RunPlan(mode, int(per_job), None, replicas)

@@ -16,10 +16,13 @@ an executor and get the same bytes.
 PySpark has no ``zipPartitions``; the replicas live in the Python workers' caches, keyed by
 partition, next to the data they train on (the cached handle RDD), which is what BigDL's
 zipped model and data RDDs achieve. A chained stage after the first reads a shuffle, not the
-cached handles: it finds its data through the partition's handle on its host (local and
-local-cluster modes share one disk; on a multi-host cluster without a shared
-``BIGDL_PY_STATE_DIR`` a task that lands away from its data fails with a message that says
-so — ``iterations_per_job=1`` there).
+cached handles, and Spark may run it on any executor. Where the executors share a disk
+(local and local-cluster modes, one host, a shared ``BIGDL_PY_STATE_DIR``) it finds its data
+through the partition's handle and its optimizer state in the host's files; where they do
+not, the chain's first stage — which reads the cached handles, so it runs where the files
+are — gathers the partition's rows of the later iterations, and they travel with the
+optimizer state from stage to stage (``records.Own``): a chained stage then reads no file,
+and is a pure function of its shuffle input on any host.
 """
 
 from __future__ import annotations
@@ -132,6 +135,8 @@ class SparkTrainingRun:
             handles={handle["partition"]: handle for handle in self.data.partition_handles},
             data_rdd=self.data.handles,
             buffers=self.buffers,
+            own_travels=self.spec.carry_state,
+            task_profile=self.data.task_profile,
         )
         return self.mode.run(self, chain, description)
 

@@ -1,18 +1,21 @@
 """Every training mode on a standalone cluster whose two workers act as separate hosts,
 and every mode surviving the loss of one host mid-run.
 
-Started by ``test_local_cluster.py`` in a subprocess. It starts a Spark master on 127.0.0.1
-and two workers bound to 127.0.0.2 and 127.0.0.3, each with its own temporary, work and
-local directories (``TMPDIR``, ``--work-dir``, ``SPARK_LOCAL_DIRS``): no file one host writes
-is visible to the other, as on two machines. DistriOptimizer sees two hosts, so it chains
-nothing and the optimizer state travels with the jobs instead of lying in host-local files.
+Started by ``test_local_cluster.py`` in a subprocess. It starts (``scripts/local_cluster.sh
+--hosts 127.0.0.2,127.0.0.3 --separate-disks``) a Spark master on 127.0.0.1 and two workers
+bound to 127.0.0.2 and 127.0.0.3, each with its own temporary, work and local directories
+(``TMPDIR``, ``--work-dir``, ``SPARK_LOCAL_DIRS``): no file one host writes is visible to the
+other, as on two machines. DistriOptimizer sees two hosts that share no disk: it chains
+iterations all the same, and the optimizer state and the partitions' rows travel with the
+chain's records (and with the jobs, through the driver) instead of lying in host-local files.
 
 For each mode: train uninterrupted (the exact modes are checked against LocalOptimizer);
-train again and SIGKILL one host (its worker, executor JVM and Python workers) while the
-job that runs iteration ``KILL_AT`` is in flight: the weights must equal the uninterrupted
-run's. Then the host comes back as a replaced machine would: a new worker on the same
-address with fresh, empty directories, and the next mode waits for its executor. The
-killed host alternates between modes, so each host is lost twice. Prints one
+train again and SIGKILL one host (its worker, executor JVM and Python workers) in the
+middle of the chained job that runs iteration ``KILL_AT``, once ``KILL_AFTER_STAGES`` of its
+stages have finished: Spark recomputes what the lost host held, and the weights must equal
+the uninterrupted run's. Then the host comes back as a replaced machine would: a new worker
+on the same address with fresh, empty directories, and the next mode waits for its
+executor. The killed host alternates between modes, so each host is lost twice. Prints one
 ``RESULT {json}`` line; stops every process it started.
 """
 
@@ -22,26 +25,29 @@ import json
 import os
 import shutil
 import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 
 import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "scripts"))
 from blob_data import (  # beside this script, so on its sys.path
     blobs,
     classifier,
     flat,
     local_reference_weights,
 )
+from local_cluster import TWO_HOSTS, LocalCluster  # noqa: E402
 
-HOSTS = ("127.0.0.2", "127.0.0.3")
+HOSTS = TWO_HOSTS
 # KILL_AT is 1-based: the job that runs it is killed (local SGD: inside its second round).
 ITERATIONS, KILL_AT = 12, 6
 MODES = ("sharded", "replicated", "local-sgd:4", "auto")
-KILL_DELAY_SECONDS = 0.05  # after the job's submission: its tasks are running by then
+# Of the killed job's stages, this many finish first (fewer in a job of fewer stages: local
+# SGD's two rounds and their average are three); a chain of 8 exact iterations has 9-16.
+KILL_AFTER_STAGES = 3
 # Every JVM here (master, workers, executors) lives a minute or less and runs little code:
 # C2 compilation and the parallel collector's threads cost more than they give back on 2
 # busy cores. With these the test took 217 s instead of 324 (load 15-17), worker restarts
@@ -49,108 +55,18 @@ KILL_DELAY_SECONDS = 0.05  # after the job's submission: its tasks are running b
 JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def wait_for_line(path: str, text: str, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if os.path.exists(path) and text in open(path, errors="replace").read():
-            return
-        time.sleep(0.5)
-    raise RuntimeError(f"{path} did not say {text!r} within {timeout} s")
-
-
-class Cluster:
-    """A master and one worker per host, each a ``spark-class`` process group of its own."""
+class Cluster(LocalCluster):
+    """The two-host cluster (``scripts/local_cluster.py``), whose hosts this test kills."""
 
     def __init__(self, root: str):
-        import pyspark
-
-        self.root = root
-        self.spark_class = os.path.join(os.path.dirname(pyspark.__file__), "bin", "spark-class")
-        self.processes: dict[str, subprocess.Popen] = {}
-        self.machines = {host: 0 for host in HOSTS}  # how many times each host was replaced
-        self.port = free_port()
-        self.url = f"spark://127.0.0.1:{self.port}"
-
-    def _start(self, name: str, host: str, arguments: list[str], extra_env: dict) -> str:
-        log = os.path.join(self.root, f"{name}.log")
-        environment = {**os.environ, "SPARK_LOCAL_IP": host, **extra_env}
-        environment["SPARK_DAEMON_JAVA_OPTS"] = JVM_OPTIONS
-        environment["SPARK_HOME"] = os.path.dirname(os.path.dirname(self.spark_class))
-        with open(log, "w") as output:
-            self.processes[name] = subprocess.Popen(
-                [self.spark_class, *arguments],
-                stdout=output,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=environment,
-                start_new_session=True,  # its own process group: the executors it starts too
-            )
-        return log
-
-    def start(self) -> None:
-        log = self._start(
-            "master",
-            "127.0.0.1",
-            [
-                "org.apache.spark.deploy.master.Master",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(self.port),
-                "--webui-port",
-                "0",
-            ],
-            {},
-        )
-        wait_for_line(log, "Starting Spark master at")
-        logs = [self._start_worker(host) for host in HOSTS]
-        for worker_log in logs:
-            wait_for_line(worker_log, "Successfully registered with master")
-
-    def _start_worker(self, host: str) -> str:
-        """Start the worker of ``host`` on directories no earlier machine there used."""
-        machine = f"{host}/machine-{self.machines[host]}"
-        directories = {
-            kind: os.path.join(self.root, machine, kind) for kind in ("tmp", "work", "local")
-        }
-        for path in directories.values():
-            os.makedirs(path)
-        return self._start(
-            f"worker-{host}-{self.machines[host]}",
-            host,
-            [
-                "org.apache.spark.deploy.worker.Worker",
-                "--host",
-                host,
-                "--port",
-                "0",
-                "--webui-port",
-                "0",
-                "--cores",
-                "1",
-                "--memory",
-                "1g",
-                "--work-dir",
-                directories["work"],
-                self.url,
-            ],
-            # Executors inherit their worker's environment: their Python workers put
-            # bigdl_py's host-local files under this host's TMPDIR.
-            {"TMPDIR": directories["tmp"], "SPARK_LOCAL_DIRS": directories["local"]},
-        )
+        super().__init__(os.path.join(root, "cluster"), HOSTS, daemon_java_opts=JVM_OPTIONS)
 
     def kill_host(self, host: str) -> None:
         """SIGKILL everything ``host`` runs: its worker and the executor JVM it started (one
         process group), the executor's PySpark daemon and its Python workers (another)."""
-        worker = self.processes[f"worker-{host}-{self.machines[host]}"]
+        worker = self.worker_pid(host)
         groups = set()
-        for pid in process_tree(worker.pid):
+        for pid in process_tree(worker):
             try:
                 groups.add(os.getpgid(pid))
             except ProcessLookupError:
@@ -160,20 +76,13 @@ class Cluster:
                 os.killpg(group, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        worker.wait(timeout=30)
+        deadline = time.monotonic() + 30
+        while os.path.exists(f"/proc/{worker}") and time.monotonic() < deadline:
+            time.sleep(0.1)
 
     def replace_host(self, host: str) -> None:
         """A new, empty machine on ``host``'s address: a fresh worker with fresh directories."""
-        self.machines[host] += 1
-        wait_for_line(self._start_worker(host), "Successfully registered with master")
-
-    def stop(self) -> None:
-        for process in reversed(list(self.processes.values())):
-            try:
-                os.killpg(process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            process.wait(timeout=30)
+        self.replace_worker(host)
 
 
 def process_tree(root: int) -> list[int]:
@@ -208,43 +117,71 @@ def wait_for_executors(sc, count: int, timeout: float = 120.0) -> list[str]:
 
 
 class HostKiller:
-    """Kills ``host`` while the job that runs iteration ``KILL_AT`` is in flight.
+    """Kills ``host`` in the middle of the chained job that runs iteration ``KILL_AT``.
 
-    Wraps the runner's ``run_iterations`` (the loop hands it every iteration). The kill
-    fires ``KILL_DELAY_SECONDS`` after that job's submission; should the job already have
-    returned by then, nothing is killed and the next job tries again, so the host is lost
-    while a job runs, never between two.
+    Wraps the runner's ``run_iterations`` (the loop hands it every iteration). While that
+    job runs, a thread watches Spark's status tracker and kills the host once
+    ``KILL_AFTER_STAGES`` of the job's stages have finished (a chain of several iterations
+    has more stages than that: the host is lost mid-chain, with stages done on it that
+    Spark must recompute). Should the job end first, nothing is killed and the next job
+    tries again, so the host is lost while a job runs, never between two.
     """
 
-    def __init__(self, cluster: Cluster, host: str, runner):
-        self.cluster, self.host = cluster, host
+    def __init__(self, cluster: Cluster, host: str, runner, sc):
+        self.cluster, self.host, self.sc = cluster, host, sc
         self.run_iterations = runner.run_iterations
         self.lock = threading.Lock()
         self.running = False
         self.killed_at: int | None = None  # the 1-based first iteration of the killed job
+        self.job_stages: int | None = None  # how many stages the killed job had
+        self.stages_done: int | None = None  # and how many of them had finished
         runner.run_iterations = self
 
-    def _kill(self, first: int) -> None:
-        with self.lock:
-            if self.running and self.killed_at is None:
-                self.cluster.kill_host(self.host)
-                self.killed_at = first + 1
+    def _finished_stages(self) -> tuple[int, int] | None:
+        """(finished, all) stages of the running job, or None while none runs."""
+        tracker = self.sc.statusTracker()
+        for job in tracker.getActiveJobsIds():
+            info = tracker.getJobInfo(job)
+            if info is None:
+                continue
+            stages = [tracker.getStageInfo(stage) for stage in info.stageIds]
+            finished = sum(
+                1 for stage in stages if stage and stage.numCompletedTasks >= stage.numTasks
+            )
+            return finished, len(info.stageIds)
+        return None
+
+    def _watch(self, first: int) -> None:
+        while True:
+            with self.lock:
+                if not self.running:
+                    return
+                progress = self._finished_stages()
+                # Mid-chain: some stages done, at least one to come (local SGD's job of two
+                # rounds has three stages).
+                if (
+                    progress is not None
+                    and min(KILL_AFTER_STAGES, progress[1] - 2) <= progress[0] < progress[1]
+                ):
+                    self.cluster.kill_host(self.host)
+                    self.killed_at, (self.stages_done, self.job_stages) = first + 1, progress
+                    return
+            time.sleep(0.01)
 
     def __call__(self, steps, stop_after_nonfinite):
-        timer = None
-        if self.killed_at is None and steps[-1].iteration + 1 >= KILL_AT:
-            timer = threading.Timer(KILL_DELAY_SECONDS, self._kill, (steps[0].iteration,))
-            timer.start()
+        watcher = None
         with self.lock:
             self.running = True
+        if self.killed_at is None and steps[-1].iteration + 1 >= KILL_AT:
+            watcher = threading.Thread(target=self._watch, args=(steps[0].iteration,))
+            watcher.start()
         try:
             return self.run_iterations(steps, stop_after_nonfinite)
         finally:
             with self.lock:
                 self.running = False
-            if timer is not None:
-                timer.cancel()
-                timer.join()
+            if watcher is not None:
+                watcher.join()
 
 
 def main() -> None:
@@ -271,10 +208,8 @@ def run(cluster: Cluster, report: dict) -> None:
         cluster.url,
         app_name="bigdl_py-separate-hosts-test",
         conf={
-            "spark.driver.host": "127.0.0.1",
+            **cluster.session_conf(),
             "spark.executor.memory": "512m",
-            "spark.executor.cores": "1",
-            "spark.cores.max": "2",
             "spark.executor.extraJavaOptions": JVM_OPTIONS,
         },
     )
@@ -316,10 +251,11 @@ def run(cluster: Cluster, report: dict) -> None:
 
         lost = HOSTS[(number + 1) % 2]
         started = time.perf_counter()
-        entry.update(lose_a_host_while_training(cluster, optimizer(update), lost, uninterrupted))
+        killed = lose_a_host_while_training(cluster, optimizer(update), lost, uninterrupted, sc)
+        entry.update(killed)
         entry["hosts_after"] = executor_hosts(sc)
         entry["killed_run_seconds"] = time.perf_counter() - started
-        if number < len(MODES) - 1:  # a new machine in its place for the next mode
+        if number < len(MODES) - 1 and entry["killed"]:  # a new machine for the next mode
             started = time.perf_counter()
             cluster.replace_host(lost)
             wait_for_executors(sc, 2)
@@ -327,14 +263,16 @@ def run(cluster: Cluster, report: dict) -> None:
     spark.stop()
 
 
-def lose_a_host_while_training(cluster: Cluster, optimizer, host: str, expected) -> dict:
+def lose_a_host_while_training(cluster: Cluster, optimizer, host: str, expected, sc) -> dict:
     """Train with ``optimizer`` while ``host`` is killed; how it went against ``expected``."""
-    killer = HostKiller(cluster, host, optimizer.runner)
+    killer = HostKiller(cluster, host, optimizer.runner, sc)
     with optimizer:
         survived = flat(optimizer.optimize())
     return {
         "killed": host if killer.killed_at is not None else None,
         "killed_in_job_from_iteration": killer.killed_at,
+        "killed_job_stages": killer.job_stages,
+        "killed_after_stages": killer.stages_done,
         "iterations": optimizer.state.iteration,
         "killed_run_max_abs_difference": float(np.abs(survived - expected).max()),
     }

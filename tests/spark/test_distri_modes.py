@@ -91,8 +91,10 @@ def test_auto_picks_replicated_for_small_models_and_sharded_for_large_ones():
     )
     big = choose_mode(64 << 20, 2, shared_disk=True, global_norm_clipping=True)
     assert (big.update, big.iterations_per_job) == ("sharded", 1)
-    apart = choose_mode(89_000, 2, shared_disk=False, global_norm_clipping=False)
-    assert apart.iterations_per_job == 1
+    # Without a shared disk the rows travel with the chain: LeNet's shares chain as well.
+    apart = choose_mode(89_000, 2, False, False, share_bytes=64 * 3144)
+    assert apart.iterations_per_job == 16
+    assert choose_mode(89_000, 2, False, False, share_bytes=12 << 20).iterations_per_job == 2
     given = choose_mode(
         89_000, 4, shared_disk=True, global_norm_clipping=False, iterations_per_job=4
     )

@@ -107,8 +107,9 @@ SEPARATE_HOSTS_TIMEOUT_SECONDS = 600
 @pytest.mark.spark
 def test_every_mode_trains_on_separate_hosts_and_survives_losing_one():
     """Two workers on 127.0.0.2 and 127.0.0.3 with their own temporary, work and local
-    directories (no shared disk). Every mode trains there uninterrupted, then again while
-    one host is killed mid-job; the killed host comes back empty before the next mode."""
+    directories (no shared disk). Every mode trains there uninterrupted, in chains of
+    iterations, then again while one host is killed mid-chain; the killed host comes back
+    empty before the next mode."""
     pytest.importorskip("pyspark")
     environment = _job_environment(REPOSITORY, os.path.dirname(JOB))
     environment["PYSPARK_PYTHON"] = sys.executable
@@ -123,16 +124,19 @@ def test_every_mode_trains_on_separate_hosts_and_survives_losing_one():
     for update, entry in modes.items():
         # Both hosts serve every mode: the one killed before it came back (a new machine).
         assert entry["hosts_before"] == hosts, update
-        # No shared disk: nothing chains (local SGD: one round of 4 iterations per job).
-        assert entry["iterations_per_call"] == (4 if update == "local-sgd:4" else 1), update
+        # No shared disk, and chains all the same: 8 iterations a job by default, auto's 16
+        # for a small model (the rows and state travel with the chain).
+        assert entry["iterations_per_call"] == (16 if update == "auto" else 8), update
         if update == "local-sgd:4":
             assert entry["moved"] > 1e-2
         else:  # exact: LocalOptimizer on the same global batches
             assert entry["max_abs_error_against_local"] <= 1e-5, update
-        # Killed while a job ran, with iterations left to train on one host, and gone for
-        # the rest of the run; the run still ends at MaxIteration(12) with the same weights.
+        # Killed in the middle of a chained job (some of its stages done, more to come), with
+        # iterations left to train on one host, and gone for the rest of the run; the run
+        # still ends at MaxIteration(12) with the same weights.
         assert entry["killed"] in hosts, update
         assert 1 <= entry["killed_in_job_from_iteration"] < 12, update
+        assert 1 <= entry["killed_after_stages"] < entry["killed_job_stages"], update
         assert entry["hosts_after"] == [host for host in hosts if host != entry["killed"]]
         assert entry["iterations"] == 12, update
         assert entry["killed_run_max_abs_difference"] <= 1e-6, update

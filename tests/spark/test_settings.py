@@ -8,6 +8,7 @@ import dataclasses
 import pytest
 
 from bigdl_py.spark import LocalSGD
+from bigdl_py.spark.records import iterations_with_carried_rows
 from bigdl_py.spark.settings import (
     DEFAULT_ITERATIONS_PER_JOB,
     Executors,
@@ -51,27 +52,49 @@ def test_settings_are_normalised_and_frozen():
         settings.update = "sharded"
 
 
-def plan(settings, executors, parameter_bytes=400_000, partitions=2, clipping=False):
+LENET_SHARE_BYTES = 64 * (28 * 28 * 4 + 8)  # a half of a global batch of 128 Fashion-MNIST images
+
+
+def plan(
+    settings,
+    executors,
+    parameter_bytes=400_000,
+    partitions=2,
+    clipping=False,
+    share_bytes=LENET_SHARE_BYTES,
+):
     return plan_run(
         settings,
         executors,
         parameter_bytes=parameter_bytes,
         num_partitions=partitions,
         global_norm_clipping=clipping,
+        share_bytes=share_bytes,
     )
 
 
-def test_a_named_mode_chains_where_the_executors_share_a_disk():
+def test_a_named_mode_chains_on_every_cluster():
     sharded = SparkTrainingSettings(update="sharded")
     chained = plan(sharded, ONE_HOST)
     assert (chained.mode.name, chained.iterations_per_job) == (
         "sharded",
         DEFAULT_ITERATIONS_PER_JOB,
     )
-    assert plan(sharded, SEPARATE_HOSTS).iterations_per_job == 1
+    # Without a shared disk too: the shares of the later iterations travel with the chain.
+    assert plan(sharded, SEPARATE_HOSTS).iterations_per_job == DEFAULT_ITERATIONS_PER_JOB
     given = SparkTrainingSettings(update="replicated", iterations_per_job=5)
     assert plan(given, SEPARATE_HOSTS).iterations_per_job == 5
     assert plan(given, ONE_HOST).reason is None
+
+
+def test_large_shares_shorten_the_chains_where_no_disk_is_shared():
+    # 6 MB shares (ImageNet-sized images): two of them fit the 16 MB carried with a chain.
+    assert iterations_with_carried_rows(6 << 20) == 3
+    sharded = SparkTrainingSettings(update="sharded")
+    assert plan(sharded, SEPARATE_HOSTS, share_bytes=6 << 20).iterations_per_job == 3
+    assert plan(sharded, ONE_HOST, share_bytes=6 << 20).iterations_per_job == 8
+    huge = plan(SparkTrainingSettings(), SEPARATE_HOSTS, share_bytes=40 << 20)
+    assert (huge.mode.name, huge.iterations_per_job) == ("replicated", 1)
 
 
 def test_each_run_gets_its_own_copy_of_a_mode_object():
@@ -85,6 +108,7 @@ def test_auto_plans_by_its_rule_and_says_why():
     local = plan(auto, LOCAL)
     assert local.mode.name == "one-task" and "local mode" in local.reason
     cluster = plan(auto, SEPARATE_HOSTS)
-    assert (cluster.mode.name, cluster.iterations_per_job) == ("replicated", 1)
+    assert (cluster.mode.name, cluster.iterations_per_job) == ("replicated", 16)
+    assert "executors without a shared disk" in cluster.reason
     large = plan(auto, ONE_HOST, parameter_bytes=64 << 20)
     assert (large.mode.name, large.iterations_per_job) == ("sharded", 1)

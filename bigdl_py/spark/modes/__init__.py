@@ -30,7 +30,12 @@ reads back one :class:`~bigdl_py.spark.records.ChainResult` per partition. On th
     the schedule). With ``chain.stop_after_nonfinite`` the iterations after a non-finite
     loss do nothing and the history ends with that one. Every stage must be a pure function
     of its input and the state files kept since the chain's start
-    (``chain.retain_from``): Spark recomputes the stages a lost executor held.
+    (``chain.retain_from``): Spark recomputes the stages a lost executor held. Where the
+    executors share no disk (``chain.own_travels``) there are no state files and a stage
+    may run on any host: each stage says what it does — ``Stage.of(chain, trains=[the
+    iterations it runs forward-backward for], updates=the iteration it updates, last=it
+    ends the chain)`` — and ``stage_task`` hands each partition's optimizer state and rows
+    (``records.Own``) on to its next stage, where ``inp.own`` holds them.
 ``run(run, chain, description) -> list[dict]`` (optional)
     One ``{"loss", "count", "finite"}`` dict per iteration that ran. The default collects
     ``build_chain(chain)`` (``run.collect_chain``); a mode that needs several jobs for a
@@ -61,9 +66,11 @@ The building blocks, so that a mode says only which records go where:
 
 * :mod:`bigdl_py.spark.modes.stages` — a stage is
   ``rdd.mapPartitionsWithIndex(stage_task(Stage.of(chain, ...), body))`` and a shuffle
-  between two stages is ``collectives.shuffle_to_owners(rdd, chain.num_partitions)``.
+  between two stages is ``chain.shuffle(rdd)`` (``collectives.shuffle_to_owners``, the next
+  stage's tasks under the run's task profile: whole-executor tasks).
   ``stage_task`` opens every task one way (the driver's weights in the chain's first stage,
-  the previous stage's records later: :class:`~bigdl_py.spark.modes.stages.StageInput`);
+  the previous stage's records later, and ``own``: what the partition handed itself, where
+  no disk is shared: :class:`~bigdl_py.spark.modes.stages.StageInput`);
   ``body(inp)`` yields ``(destination, record)`` pairs, or, in the last stage, one
   ``chain_end(...)``. The exact modes' pieces: ``partition_gradient``,
   ``receive_gradients``, ``update_received``, ``after_update``.

@@ -24,9 +24,17 @@ On a cluster:
   So: **replicated while N x parameter bytes <= 16 MB** (what one partition receives per
   iteration), **sharded above**.
 * **Iterations per job.** Replicated: **16** (faster than 8); sharded: **1** (chaining did
-  not pay for its second shuffle). Chaining needs executors that share a disk (a chained
-  stage may run away from its partition's files): **1 everywhere else**. An
+  not pay for its second shuffle). Where the executors share no disk a chained stage may
+  run on another host than its partition's files, so each partition's rows of the chain's
+  later iterations travel with the chain (:class:`~bigdl_py.spark.records.ShareRows`): at
+  most ``records.CARRIED_ROWS_LIMIT_BYTES`` of them, which caps the chain for large
+  samples (:func:`~bigdl_py.spark.records.iterations_with_carried_rows`). An
   ``iterations_per_job`` the caller gives is kept.
+* **Whole-executor tasks.** On a cluster whose executors have several cores (and
+  ``spark.task.cpus`` left at 1), one partition per executor, trained in one task of all
+  its cores (stage-level scheduling: a task ResourceProfile) on a replica per core — the
+  task's own and forked helpers, as the one-task mode's — so that one gradient per
+  executor, not per core, enters the AllReduce: :func:`whole_executor_cpus`.
 * **Global-norm clipping** costs the sharded update a second job per iteration and nothing
   to the replicated one; the rule above already picks replicated wherever it is cheap, and
   the sharded update then runs one iteration per job (as without ``auto``).
@@ -37,12 +45,30 @@ from __future__ import annotations
 import logging
 from typing import NamedTuple
 
+from bigdl_py.spark.records import iterations_with_carried_rows
+
 logger = logging.getLogger("bigdl_py.spark")
 
 #: Replicated while N x parameter bytes stays at or below this (bytes one partition receives).
 REPLICATED_MAX_RECEIVED_BYTES = 16 << 20
 REPLICATED_ITERATIONS_PER_JOB = 16
 SHARDED_ITERATIONS_PER_JOB = 1
+
+
+def whole_executor_cpus(
+    executors: int, cores: int, task_cpus: int, local_mode: bool, device: str = "cpu"
+) -> int | None:
+    """The CPUs of auto's whole-executor tasks on ``executors`` executors of ``cores`` cores
+    each (tasks of ``task_cpus`` CPUs by Spark's setting), or None for a task per core.
+
+    None in local mode (the one-task mode trains there), on one-core executors (nothing to
+    gain), on GPU replicas (a child process cannot share the task's GPU context), and
+    where ``spark.task.cpus`` already gives each task several CPUs (the user's layout:
+    BigDL's, a task per executor with BLAS threads).
+    """
+    if local_mode or cores <= 1 or task_cpus > 1 or device != "cpu" or executors < 1:
+        return None
+    return cores
 
 
 class AutoChoice(NamedTuple):
@@ -60,6 +86,7 @@ def choose_mode(
     global_norm_clipping: bool,
     iterations_per_job: int | None = None,
     local_mode: bool = False,
+    share_bytes: int = 0,
 ) -> AutoChoice:
     """The exact mode and iterations per job for a run (see the module docstring).
 
@@ -76,6 +103,9 @@ def choose_mode(
         The caller's choice, kept when given.
     local_mode : bool
         Whether Spark runs in one process (``local[n]``): then one task trains.
+    share_bytes : int
+        Bytes of the largest partition's share of a global batch (its rows travel with a
+        chain where no disk is shared).
 
     Returns
     -------
@@ -96,7 +126,9 @@ def choose_mode(
     update = "replicated" if replicated else "sharded"
     if iterations_per_job is None:
         chained = REPLICATED_ITERATIONS_PER_JOB if replicated else SHARDED_ITERATIONS_PER_JOB
-        iterations_per_job = chained if shared_disk else 1
+        iterations_per_job = chained
+        if not shared_disk:
+            iterations_per_job = min(chained, iterations_with_carried_rows(share_bytes))
     if global_norm_clipping and not replicated:
         iterations_per_job = 1
     per_job = "iteration" if iterations_per_job == 1 else "iterations"

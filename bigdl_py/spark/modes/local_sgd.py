@@ -58,7 +58,7 @@ from typing import Any, NamedTuple
 from bigdl_py.spark import collectives, owner_update, worker
 from bigdl_py.spark.modes import TrainingMode, are_whole_states, whole_state
 from bigdl_py.spark.modes.replicated import one_stage_per_iteration
-from bigdl_py.spark.modes.stages import Stage, chain_end, stage_task
+from bigdl_py.spark.modes.stages import Stage, chain_end, own_rows, replica_trainer, stage_task
 from bigdl_py.spark.records import Carried, HistoryEntry
 from bigdl_py.spark.replica import Replica, ShareOf, replica_gradient
 
@@ -166,7 +166,7 @@ class LocalSGD(TrainingMode):
         for index in range(len(rounds) + 1):
             rdd = rdd.mapPartitionsWithIndex(_round_stage(chain, rounds, index, fractions))
             if index < len(rounds):
-                rdd = collectives.shuffle_to_owners(rdd, chain.num_partitions)
+                rdd = chain.shuffle(rdd)
         return rdd
 
     def rounds(self, first: int, count: int) -> list[tuple[int, int]]:
@@ -257,8 +257,15 @@ def _round_stage(chain, rounds: list, index: int, fractions: list[float]):
     """Stage ``index``: average the previous round's replicas (when index > 0), then train
     round ``index`` locally (when index < len(rounds)) and send the result to everyone. The
     first stage starts from the driver's weights and running statistics."""
-    stage = Stage.of(chain, reads_driver=index == 0, first_update=index == 0)
     steps = range(*rounds[index]) if index < len(rounds) else range(0)
+    stage = Stage.of(
+        chain,
+        reads_driver=index == 0,
+        first_update=index == 0,
+        trains=[chain.first + step for step in steps],
+        updates=chain.first + steps[-1] if steps else None,
+        last=index == len(rounds),
+    )
     shares = [chain.shares[step] for step in steps]
     schedules = [chain.schedules[step] for step in steps]
     first, final = chain.first, index == len(rounds)
@@ -297,6 +304,8 @@ def _round_stage(chain, rounds: list, index: int, fractions: list[float]):
                 share_of=ShareOf.OWN_BATCH,
                 halted=halted,
                 frozen_weights=stage.get_frozen(),
+                rows=own_rows(inp, iteration),
+                train=replica_trainer(spec),
             )
             update_started = time.perf_counter()
             weights = owner_update.update_owned(
@@ -310,6 +319,8 @@ def _round_stage(chain, rounds: list, index: int, fractions: list[float]):
                 schedules[step],
                 halted=halted,
                 retain_from=stage.retain_from,
+                # The state before the round, where it came with the input.
+                carried_state=inp.own.state if inp.own is not None and step == 0 else None,
             )
             seconds = time.perf_counter() - update_started
             losses.append(HistoryEntry(report.loss_sum, report.samples, report.seconds, seconds))

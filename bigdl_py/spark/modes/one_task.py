@@ -41,7 +41,11 @@ from bigdl_py import backend
 from bigdl_py.optim.sharding import all_slice_bounds, concatenate_state_dicts, split_state_dict
 from bigdl_py.spark import collectives, owner_update, worker
 from bigdl_py.spark.modes import TrainingMode
-from bigdl_py.spark.modes.replica_process import ReplicaProcess, processes_available
+from bigdl_py.spark.modes.replica_process import (
+    ReplicaProcess,
+    processes_available,
+    train_with_helpers,
+)
 from bigdl_py.spark.modes.stages import Stage, chain_end
 from bigdl_py.spark.partitioned_data import drain, load_partition_data
 from bigdl_py.spark.records import HistoryEntry
@@ -153,7 +157,7 @@ def _replicas(spec, handles: list[dict], groups: list[tuple[int, int]]) -> list:
             spec.run_id, ("one-task", "data"), lambda: _all_partitions_data(handles)
         )
         replica = Replica(spec, handles[first])  # partition = the handle's: its streams
-        replica.features, replica.labels = features, labels
+        replica.use_rows(features, labels)
         return replica
 
     in_processes = processes_available(spec.device)
@@ -184,22 +188,6 @@ def _thread_pool(threads: int) -> ThreadPoolExecutor:
         if _pool is None or _pool[0] != key:
             _pool = (key, ThreadPoolExecutor(threads, thread_name_prefix="bigdl_py-replica"))
         return _pool[1]
-
-
-def _train_with_helpers(helpers, pieces, train_own, weights, spec, iteration, frozen) -> list:
-    """Replica 0's share on this thread while each helper process trains its own; the
-    results in replica order. Every helper's reply is read before any error is raised, so
-    none is left in its pipe for the next iteration."""
-    for helper, piece in zip(helpers, pieces, strict=True):
-        helper.start(weights, piece, spec.batch_size, iteration, spec.gradient_accumulation, frozen)
-    try:
-        own = train_own(0)
-    finally:
-        outcomes = [helper.finish() for helper in helpers]
-    for outcome in outcomes:
-        if isinstance(outcome, BaseException):
-            raise outcome
-    return [own, *outcomes]
 
 
 def _train_chain(chain):
@@ -253,8 +241,15 @@ def _train_chain(chain):
                 if len(groups) == 1:
                     results = [train_piece(0)]
                 elif isinstance(replicas[1], ReplicaProcess):
-                    results = _train_with_helpers(
-                        replicas[1:], pieces[1:], train_piece, weights, spec, iteration, frozen
+                    results = train_with_helpers(
+                        replicas[1:],
+                        pieces[1:],
+                        train_piece,
+                        weights,
+                        spec.batch_size,
+                        iteration,
+                        spec.gradient_accumulation,
+                        frozen,
                     )
                 else:
                     results = list(_thread_pool(len(groups)).map(train_piece, range(len(groups))))

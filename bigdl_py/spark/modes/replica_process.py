@@ -1,4 +1,5 @@
-"""A replica trained in a forked child process: one-task's replicas beyond the task's own.
+"""A replica trained in a forked child process: one-task's replicas beyond the task's own,
+and a whole-executor task's (:func:`forward_backward_on_replicas`).
 
 Why processes: the autograd's Python between NumPy calls holds the GIL, so replicas on
 threads of one process overlap poorly; with the second replica in a child process a
@@ -24,6 +25,8 @@ import weakref
 import numpy as np
 
 from bigdl_py import backend
+from bigdl_py.optim.sharding import all_slice_bounds
+from bigdl_py.spark import worker
 from bigdl_py.spark.replica import Replica, forward_backward
 
 # The parent's ends of every helper's pipe in this process: a child closes its copies of them
@@ -70,11 +73,30 @@ class ReplicaProcess:
     def alive(self) -> bool:
         return self.process.is_alive() and not self.connection.closed
 
-    def start(self, weights, indices, batch_size: int, iteration: int, micro_batches: int, frozen):
-        """Hand the child one forward-backward; it runs while the caller computes its own."""
+    def start(
+        self,
+        weights,
+        indices,
+        batch_size: int,
+        iteration: int,
+        micro_batches: int,
+        frozen,
+        rows: tuple | None = None,
+    ):
+        """Hand the child one forward-backward; it runs while the caller computes its own.
+        ``indices`` index the child's replica's data, or, with ``rows`` (``(features,
+        labels)``, sent with the request), the rows."""
         self.requests += 1
         self.weights[...] = weights
-        request = (self.requests, np.asarray(indices), batch_size, iteration, micro_batches, frozen)
+        request = (
+            self.requests,
+            np.asarray(indices),
+            batch_size,
+            iteration,
+            micro_batches,
+            frozen,
+            rows,
+        )
         try:
             self.connection.send(request)
         except OSError:  # the child is gone: its pipe is broken
@@ -125,10 +147,13 @@ def _serve(replica: Replica, connection, weights: np.ndarray, gradient: np.ndarr
     with backend.blas_threads(1):
         while True:
             try:
-                number, indices, batch_size, iteration, micro_batches, frozen = connection.recv()
+                request = connection.recv()
             except (EOFError, OSError):
                 return
+            number, indices, batch_size, iteration, micro_batches, frozen, rows = request
             try:
+                if rows is not None:
+                    replica.use_rows(*rows)
                 result, loss_sum, count = forward_backward(
                     replica, weights, indices, batch_size, iteration, micro_batches, frozen
                 )
@@ -153,3 +178,85 @@ def _travels(error: BaseException) -> bool:
     except Exception:
         return False
     return True
+
+
+def train_with_helpers(
+    helpers,
+    pieces,
+    train_own,
+    weights,
+    batch_size: int,
+    iteration: int,
+    micro_batches: int,
+    frozen,
+    rows=None,
+):
+    """Piece 0 on this thread (``train_own(0)``) while each helper process trains its own
+    piece (``forward_backward``'s arguments); the results in piece order. ``rows``, when
+    given, are each helper's piece's ``(features, labels)``. Every helper's reply is read
+    before any error is raised, so none is left in its pipe for the next iteration."""
+    rows = rows or [None] * len(helpers)
+    for helper, piece, piece_rows in zip(helpers, pieces, rows, strict=True):
+        helper.start(weights, piece, batch_size, iteration, micro_batches, frozen, piece_rows)
+    try:
+        own = train_own(0)
+    finally:
+        outcomes = [helper.finish() for helper in helpers]
+    for outcome in outcomes:
+        if isinstance(outcome, BaseException):
+            raise outcome
+    return [own, *outcomes]
+
+
+def forward_backward_on_replicas(spec, count: int):
+    """A :func:`~bigdl_py.spark.replica.forward_backward` that trains a partition's share on
+    ``count`` replicas at once: the task's own and ``count - 1`` helper processes forked
+    from it (kept in the worker between tasks), each on a contiguous piece of the share
+    with one BLAS thread, their gradients added in piece order. The sum is the share's
+    gradient, as micro-batches' is (each piece normalises its own batch); the task's
+    replica keeps the running statistics. What a whole-executor task of ``count`` CPUs
+    runs: one gradient per executor enters the AllReduce.
+    """
+
+    def train(replica, weights, local_indices, batch_size, iteration, micro_batches, frozen):
+        if replica.features is None:
+            replica.use_host_data()
+        key = ("replica helpers", replica.partition, count)
+        helpers = worker.lookup(spec.run_id, key)
+        if helpers is None or not all(helper.alive() for helper in helpers):
+            helpers = [ReplicaProcess(replica) for _ in range(count - 1)]
+            worker.store(spec.run_id, key, helpers)
+        local_indices = np.asarray(local_indices)
+        pieces = [local_indices[a:b] for a, b in all_slice_bounds(len(local_indices), count)]
+        # The helpers' pieces travel as rows: the rows the task trains on may have come with
+        # its input (no shared disk), which a helper forked earlier never saw.
+        rows = [
+            (tuple(np.asarray(array[piece]) for array in replica.features), replica.labels[piece])
+            for piece in pieces[1:]
+        ]
+        local = [np.arange(len(piece)) for piece in pieces[1:]]
+
+        def train_own(_):
+            gradient, loss_sum, samples = forward_backward(
+                replica, weights, pieces[0], batch_size, iteration, micro_batches, frozen
+            )
+            return np.array(gradient), loss_sum, samples
+
+        with backend.blas_threads(1):
+            results = train_with_helpers(
+                helpers,
+                local,
+                train_own,
+                weights,
+                batch_size,
+                iteration,
+                micro_batches,
+                frozen,
+                rows,
+            )
+        gradient = results[0][0]
+        for other, _, _ in results[1:]:
+            gradient += other
+        return gradient, float(sum(r[1] for r in results)), int(sum(r[2] for r in results))
+
+    return train

@@ -54,10 +54,17 @@ def one_stage_per_iteration(chain):
     s < count), whose whole gradient goes to every partition."""
     rdd = chain.data_rdd
     for step in range(chain.count + 1):
-        stage = Stage.of(chain, reads_driver=step == 0, first_update=step == 1)
+        stage = Stage.of(
+            chain,
+            reads_driver=step == 0,
+            first_update=step == 1,
+            trains=[chain.first + step] if step < chain.count else [],
+            updates=chain.first + step - 1 if step > 0 else None,
+            last=step == chain.count,
+        )
         rdd = rdd.mapPartitionsWithIndex(stage_task(stage, _iteration(chain, stage, step)))
         if step < chain.count:
-            rdd = collectives.shuffle_to_owners(rdd, chain.num_partitions)
+            rdd = chain.shuffle(rdd)
     return rdd
 
 

@@ -49,12 +49,10 @@ class Sharded(TrainingMode):
     def build_chain(self, chain):
         rdd = chain.data_rdd
         for step in range(chain.count):
-            rdd = collectives.shuffle_to_owners(
-                rdd.mapPartitionsWithIndex(_put_gradients(chain, step)), chain.num_partitions
-            )
+            rdd = chain.shuffle(rdd.mapPartitionsWithIndex(_put_gradients(chain, step)))
             rdd = rdd.mapPartitionsWithIndex(_update_owned_slice(chain, step))
             if step < chain.count - 1:
-                rdd = collectives.shuffle_to_owners(rdd, chain.num_partitions)
+                rdd = chain.shuffle(rdd)
         return rdd
 
     def run(self, run, chain, description):
@@ -69,8 +67,8 @@ class Sharded(TrainingMode):
 def _put_gradients(chain, step: int):
     """Stage 1 of iteration ``chain.first + step``: forward-backward on the weights the owners
     sent (the driver's at the chain's start), slice ``k`` of the gradient to owner ``k``."""
-    stage = Stage.of(chain, reads_driver=step == 0)
     iteration, shares = chain.first + step, chain.shares[step]
+    stage = Stage.of(chain, reads_driver=step == 0, trains=[iteration])
 
     def body(inp):
         carried = inp.carried  # the driver's, at the chain's start; else the owners' slices
@@ -107,9 +105,11 @@ def _update_owned_slice(chain, step: int):
     """Stage 2 of iteration ``chain.first + step``: owners sum, clip and step their slices,
     then send them to every partition (BigDL's *sendWeightPartition*) or, at the chain's
     end, to the driver."""
-    stage = Stage.of(chain, first_update=step == 0, forward_backward=False)
     iteration, schedule = chain.first + step, chain.schedules[step]
     last = step == chain.count - 1
+    stage = Stage.of(
+        chain, first_update=step == 0, forward_backward=False, updates=iteration, last=last
+    )
 
     def body(inp):
         owner = inp.partition
@@ -152,7 +152,7 @@ def _run_clipped_iteration(run, chain, description: str) -> list[dict]:
     squares of the clipped sums (job 1); the driver adds them up for the scale; the owners
     step (job 2, no shuffle)."""
     iteration, bounds = chain.first, chain.bounds
-    summing = Stage.of(chain, forward_backward=False)
+    summing = Stage.of(chain, forward_backward=False, last=True)
     load_spec, get_weights = chain.load_spec, chain.get_weights
     initial_states, schedule = chain.initial_states, chain.schedules[0]
     submitted = time.time()
@@ -171,9 +171,7 @@ def _run_clipped_iteration(run, chain, description: str) -> list[dict]:
         result = chain_end(owner, None, carried, received.clock, inp.entered)
         yield _ClippedSum(owner, squares, received.loss_sum, result)
 
-    gradients = collectives.shuffle_to_owners(
-        chain.data_rdd.mapPartitionsWithIndex(_put_gradients(chain, 0)), chain.num_partitions
-    )
+    gradients = chain.shuffle(chain.data_rdd.mapPartitionsWithIndex(_put_gradients(chain, 0)))
     sums = run.collect(
         gradients.mapPartitionsWithIndex(stage_task(summing, aggregate_and_keep)),
         f"{description}: forward-backward + gradient norm",
