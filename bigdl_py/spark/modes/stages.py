@@ -216,8 +216,8 @@ def stage_task(
             own = stage.gathered_rows(partition, handle)
         else:  # the records the stage before sent this partition
             handle = stage.handles[partition]
-            own = next((record for _, record in rows if isinstance(record, Own)), None)
-            if own is not None:
+            if spec.carry_state:  # only then does a stage hand itself an Own record
+                own = next((record for _, record in rows if isinstance(record, Own)), None)
                 rows = [row for row in rows if not isinstance(row[1], Own)]
         inp = StageInput(spec, partition, handle, rows, entered, started, carried, own)
         yield from body(inp)
