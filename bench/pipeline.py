@@ -48,7 +48,8 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
 
 from bigdl_py import nn  # noqa: E402
 from bigdl_py.optim import Adam  # noqa: E402
@@ -78,7 +79,10 @@ def data(samples: int, inputs: int = INPUTS):
 
 
 def session(master: str, conf: dict | None = None):
-    spark = get_spark(master, app_name="bigdl_py bench/pipeline.py", conf=conf or {})
+    # The executors of a local cluster import bigdl_py from this checkout, whatever an
+    # installed copy points at.
+    conf = {"spark.executorEnv.PYTHONPATH": ROOT, **(conf or {})}
+    spark = get_spark(master, app_name="bigdl_py bench/pipeline.py", conf=conf)
     spark.sparkContext.setLogLevel("ERROR")
     return spark
 
