@@ -13,6 +13,7 @@ arrays) as an RDD, the partitions cached, and the batch plan over their sizes.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tempfile
 import uuid
@@ -46,16 +47,35 @@ def drain(rows) -> list:
     return list(rows)
 
 
+#: The exit code Spark gives an executor whose JVM ran out of memory (``SparkExitCode.OOM``).
+JVM_OUT_OF_MEMORY_EXIT_CODE = 52
+
+
 def python_error_text(error: Exception) -> str:
-    """The last Python exception line inside a Py4J/Spark error, or the first line."""
+    """What went wrong inside a Py4J/Spark error, in one line: the last Python exception
+    line; else, where an executor was lost, Spark's reason (an out-of-memory exit said in
+    words); else the first line."""
     text = str(error)
     python_lines = [
         line.strip()
         for line in text.splitlines()
         if line.strip().split(":", 1)[0].endswith(("Error", "Exception"))
-        and not line.strip().startswith(("org.", "java.", "py4j", "Caused by", "scala."))
+        and not line.strip().startswith(("org.", "java.", "py4j", "Caused by", "scala.", "at "))
     ]
-    return python_lines[-1] if python_lines else text.strip().splitlines()[0]
+    if python_lines:
+        return python_lines[-1]
+    lost = re.search(r"ExecutorLostFailure.*?Reason: ([^\n]+)", text)
+    if lost:
+        reason = lost.group(1).strip()
+        if re.search(rf"exited with code {JVM_OUT_OF_MEMORY_EXIT_CODE}\b", reason):
+            return (
+                f"an executor ran out of memory (Spark: {reason}, its out-of-memory exit): "
+                "give executors more memory (spark.executor.memory, "
+                "spark.executor.pyspark.memory) or split the model over executors "
+                "(update=Pipeline(stages=K))"
+            )
+        return f"an executor was lost: {reason}"
+    return text.strip().splitlines()[0]
 
 
 def run_directory(state_dir: str | None, run_id: str) -> str:
