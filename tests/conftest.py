@@ -6,8 +6,28 @@ import os
 
 import numpy as np
 import pytest
+from background_jobs import JobQueue
 
 FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
+
+# The longest checks run beside the suite (tests/background_jobs.py says why and how).
+_BACKGROUND = JobQueue()
+
+
+def pytest_collection_finish(session):
+    """Queue the background jobs of the modules whose tests will run, in their order."""
+    if session.config.option.collectonly:
+        return
+    jobs = []
+    for item in session.items:
+        jobs_of = getattr(getattr(item, "module", None), "background_jobs", None)
+        if jobs_of is not None:
+            jobs.extend(jobs_of(item))
+    _BACKGROUND.start(jobs)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    _BACKGROUND.stop()  # nothing left running after an interrupted or failed session
 
 
 @pytest.fixture(scope="session")

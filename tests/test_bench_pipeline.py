@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import subprocess
-import sys
 
 import pytest
+from background_jobs import BackgroundJob, spark_installed
 
 from bigdl_py.spark.modes.pipeline.ticks import PipelineReport, StageMemory, TickTime
 
@@ -49,18 +48,26 @@ def test_the_ticks_time_is_split_into_spark_compute_and_python(pipeline_bench):
     assert parts["idle_of_wall"] == pytest.approx(1 - 4.0 / (2 * 4.6))
 
 
+# The dry run starts two Spark applications: it runs beside the suite (tests/background_jobs.py).
+DRY_RUN = BackgroundJob(
+    "bench/pipeline.py all --dry-run",
+    BENCH,
+    ["all", "--dry-run"],
+    600,
+    dict(os.environ, PYTHONPATH=REPOSITORY),
+)
+
+
+def background_jobs(item) -> list[BackgroundJob]:
+    """The run a selected test reads (tests/conftest.py queues it)."""
+    wanted = item.originalname == "test_the_judge_runs_in_its_dry_run_form"
+    return [DRY_RUN] if wanted and spark_installed() else []
+
+
 @pytest.mark.spark
 def test_the_judge_runs_in_its_dry_run_form():
-    environment = dict(os.environ, PYTHONPATH=REPOSITORY)
-    completed = subprocess.run(
-        [sys.executable, BENCH, "all", "--dry-run"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=environment,
-        cwd=REPOSITORY,
-    )
-    assert completed.returncode == 0, completed.stderr[-3000:]
+    pytest.importorskip("pyspark")
+    completed = DRY_RUN.completed()
     output = completed.stdout
     for section in ("## memory", "## speed", "## the bars (a dry run"):
         assert section in output

@@ -1,22 +1,19 @@
 """Every notebook in notebooks/ runs top to bottom, so none of them rots.
 
 Notebooks are found by globbing, so a new one is tested without touching this file. Each runs
-in a fresh ``python3`` kernel whose working directory is the repository root (as when a user
-starts Jupyter there), with this interpreter first on the PATH, so the kernel and any Spark
-Python workers it starts use the environment the tests run in.
+in a fresh ``python3`` kernel, started by ``notebook_job.py`` (which says how).
 """
 
 from __future__ import annotations
 
 import glob
 import os
-import sys
 
 import pytest
+from background_jobs import BackgroundJob
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOKS = sorted(glob.glob(os.path.join(REPO, "notebooks", "*.ipynb")))
-KERNEL = "python3"
 CELL_TIMEOUT_SECONDS = 900  # notebooks that train on Spark take minutes on a busy machine
 
 
@@ -25,14 +22,24 @@ def _read(path: str):
     return nbformat.read(path, as_version=4)
 
 
-def _kernel_environment() -> dict[str, str]:
-    interpreter_directory = os.path.dirname(sys.executable)
-    return dict(
-        os.environ,
-        PATH=interpreter_directory + os.pathsep + os.environ.get("PATH", ""),
-        PYSPARK_PYTHON=sys.executable,
-        PYSPARK_DRIVER_PYTHON=sys.executable,
+# Each notebook runs in its own process beside the rest of the suite, in this order
+# (tests/background_jobs.py, tests/notebook_job.py).
+RUNS = {
+    path: BackgroundJob(
+        os.path.basename(path),
+        os.path.join(REPO, "tests", "notebook_job.py"),
+        [path, str(CELL_TIMEOUT_SECONDS)],
+        CELL_TIMEOUT_SECONDS * 4,
     )
+    for path in NOTEBOOKS
+}
+
+
+def background_jobs(item) -> list[BackgroundJob]:
+    """The run a selected test reads (tests/conftest.py queues it)."""
+    if item.originalname != "test_notebook_runs_top_to_bottom":
+        return []
+    return [RUNS[item.callspec.params["path"]]]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=os.path.basename)
@@ -51,22 +58,9 @@ def test_notebook_is_saved_without_outputs(path):
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=os.path.basename)
 def test_notebook_runs_top_to_bottom(path):
-    nbclient = pytest.importorskip("nbclient")
-    kernelspec = pytest.importorskip("jupyter_client.kernelspec")
-    try:
-        kernelspec.KernelSpecManager().get_kernel_spec(KERNEL)
-    except kernelspec.NoSuchKernel:
-        pytest.skip(f"no Jupyter kernel named {KERNEL!r} (pip install ipykernel)")
-    notebook = _read(path)
-    client = nbclient.NotebookClient(
-        notebook,
-        kernel_name=KERNEL,
-        timeout=CELL_TIMEOUT_SECONDS,
-        resources={"metadata": {"path": REPO}},
-    )
-    try:
-        client.execute(env=_kernel_environment())
-    except nbclient.exceptions.CellExecutionError as error:
-        pytest.fail(f"{os.path.basename(path)} failed:\n{error}", pytrace=False)
-    executed = [cell for cell in notebook.cells if cell.cell_type == "code"]
-    assert all(cell.execution_count is not None for cell in executed)
+    result = RUNS[path].result()
+    if "skip" in result:
+        pytest.skip(result["skip"])
+    if "error" in result:
+        pytest.fail(f"{os.path.basename(path)} failed:\n{result['error']}", pytrace=False)
+    assert result["executed"] == result["code_cells"] > 0

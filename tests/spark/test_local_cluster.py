@@ -3,15 +3,13 @@
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
 
 import pytest
+from background_jobs import REPOSITORY, BackgroundJob, job_environment, spark_installed
 
 JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "local_cluster_job.py")
-REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(JOB)))
 
 # Starting a standalone master, two workers and two executor JVMs takes 20-70 s on 2 cores;
 # the application then trains four times, with an executor killed in each.
@@ -19,33 +17,36 @@ TIMEOUT_SECONDS = 600
 KILLED_EXECUTOR_UPDATES = ["sharded", "replicated", "local-sgd:4", "pipeline:2:2"]
 
 
-def _job_environment(*paths: str) -> dict:
-    """This environment without Spark settings (the pip-installed pyspark must be enough),
-    with ``paths`` first on PYTHONPATH so that executors' Python workers import them."""
-    environment = {
-        key: value
-        for key, value in os.environ.items()
-        if not key.startswith(("SPARK_", "PYSPARK_"))
-    }
-    environment["PYTHONPATH"] = os.pathsep.join(
-        filter(None, [*paths, os.environ.get("PYTHONPATH")])
-    )
-    return environment
+SEPARATE_HOSTS_JOB = os.path.join(os.path.dirname(JOB), "separate_hosts_job.py")
+# Eight trainings, three worker restarts: 125 s on 2 cores at load 10, 180 s at load 12
+# (when only the sharded update lost a host: 85 s and 129 s, side by side).
+SEPARATE_HOSTS_TIMEOUT_SECONDS = 600
+
+# Both applications run beside the rest of the suite, in the order their tests read them
+# (tests/background_jobs.py).
+SEPARATE_HOSTS = BackgroundJob(
+    "separate_hosts_job.py",
+    SEPARATE_HOSTS_JOB,
+    [],
+    SEPARATE_HOSTS_TIMEOUT_SECONDS,
+    {**job_environment(REPOSITORY, os.path.dirname(JOB)), "PYSPARK_PYTHON": sys.executable},
+)
+LOCAL_CLUSTER = BackgroundJob(
+    "local_cluster_job.py",
+    JOB,
+    ["8", *KILLED_EXECUTOR_UPDATES],
+    TIMEOUT_SECONDS,
+    job_environment(REPOSITORY),
+)
 
 
-def _run_job(script: str, arguments: list[str], timeout: int, environment: dict) -> dict:
-    """Run a job script; its ``RESULT {json}`` line."""
-    completed = subprocess.run(
-        [sys.executable, script, *arguments],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=environment,
-        cwd=REPOSITORY,
-    )
-    lines = [line for line in completed.stdout.splitlines() if line.startswith("RESULT ")]
-    assert completed.returncode == 0 and lines, completed.stderr[-3000:]
-    return json.loads(lines[-1][len("RESULT ") :])
+def background_jobs(item) -> list[BackgroundJob]:
+    """The applications a selected test reads (tests/conftest.py queues them)."""
+    if not spark_installed():
+        return []
+    if item.originalname == "test_every_mode_trains_on_separate_hosts_and_survives_losing_one":
+        return [SEPARATE_HOSTS]
+    return [LOCAL_CLUSTER]
 
 
 @pytest.fixture(scope="module")
@@ -53,8 +54,7 @@ def local_cluster_report():
     """One local-cluster application runs every check of this module but the last (see
     ``local_cluster_job.py``): starting one costs more than most of what it checks."""
     pytest.importorskip("pyspark")
-    arguments = ["8", *KILLED_EXECUTOR_UPDATES]
-    return _run_job(JOB, arguments, TIMEOUT_SECONDS, _job_environment(REPOSITORY))
+    return LOCAL_CLUSTER.result()
 
 
 @pytest.mark.slow
@@ -97,12 +97,6 @@ def test_distri_optimizer_survives_a_killed_executor(local_cluster_report, updat
     assert report["moved"] > 1e-2
 
 
-SEPARATE_HOSTS_JOB = os.path.join(os.path.dirname(JOB), "separate_hosts_job.py")
-# Eight trainings, three worker restarts: 125 s on 2 cores at load 10, 180 s at load 12
-# (when only the sharded update lost a host: 85 s and 129 s, side by side).
-SEPARATE_HOSTS_TIMEOUT_SECONDS = 600
-
-
 @pytest.mark.slow
 @pytest.mark.spark
 def test_every_mode_trains_on_separate_hosts_and_survives_losing_one():
@@ -111,9 +105,7 @@ def test_every_mode_trains_on_separate_hosts_and_survives_losing_one():
     iterations, then again while one host is killed mid-chain; the killed host comes back
     empty before the next mode."""
     pytest.importorskip("pyspark")
-    environment = _job_environment(REPOSITORY, os.path.dirname(JOB))
-    environment["PYSPARK_PYTHON"] = sys.executable
-    report = _run_job(SEPARATE_HOSTS_JOB, [], SEPARATE_HOSTS_TIMEOUT_SECONDS, environment)
+    report = SEPARATE_HOSTS.result()
     hosts = ["127.0.0.2", "127.0.0.3"]
     assert report["executor_hosts"] == hosts
     assert not report["share_a_disk"]
