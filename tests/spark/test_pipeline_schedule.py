@@ -10,7 +10,9 @@ import pytest
 from bigdl_py.spark.modes.pipeline.schedule import TickPlan
 
 
-@pytest.mark.parametrize("stages, micro_batches", itertools.product((1, 2, 3, 4), (1, 2, 5, 8)))
+@pytest.mark.parametrize(
+    "stages, micro_batches", list(itertools.product((1, 2, 3, 4), (1, 2, 5, 8)))
+)
 @pytest.mark.parametrize("clipping_by_norm", (False, True))
 def test_each_micro_batch_flows_forward_then_back_through_neighbours(
     stages, micro_batches, clipping_by_norm

@@ -94,7 +94,7 @@ def compare(pipeline, model, tmp_path, *, dtype=np.float32, tolerance=1e-5, **op
     return emulated
 
 
-@pytest.mark.parametrize("stages, micro_batches", itertools.product((2, 3, 4), (1, 2, 4, 8)))
+@pytest.mark.parametrize("stages, micro_batches", list(itertools.product((2, 3, 4), (1, 2, 4, 8))))
 def test_gpipes_grid_equals_the_local_loop(stages, micro_batches, tmp_path):
     compare(Pipeline(stages, micro_batches), network(), tmp_path)
 
