@@ -54,7 +54,8 @@ JVM_OUT_OF_MEMORY_EXIT_CODE = 52
 def python_error_text(error: Exception) -> str:
     """What went wrong inside a Py4J/Spark error, in one line: the last Python exception
     line; else, where an executor was lost, Spark's reason (an out-of-memory exit said in
-    words); else the first line."""
+    words); else Spark's own message (a job aborted, an application removed); else the
+    first line (Py4J's "An error occurred while calling ..." says nothing more)."""
     text = str(error)
     python_lines = [
         line.strip()
@@ -75,6 +76,9 @@ def python_error_text(error: Exception) -> str:
                 "(update=Pipeline(stages=K))"
             )
         return f"an executor was lost: {reason}"
+    spark_failure = re.search(r"SparkException: ([^\n]+)", text)  # what Spark itself says
+    if spark_failure:
+        return spark_failure.group(1).strip()
     return text.strip().splitlines()[0]
 
 

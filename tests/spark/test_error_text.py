@@ -41,5 +41,17 @@ def test_another_lost_executor_gives_sparks_reason():
     assert "out of memory" not in python_error_text(RuntimeError(SPARK_FAILURE.format(code=520)))
 
 
+def test_a_job_spark_aborted_gives_sparks_message_not_py4js():
+    failure = (
+        "An error occurred while calling z:org.apache.spark.api.python.PythonRDD.collectAndServe.\n"
+        ": org.apache.spark.SparkException: Job aborted due to stage failure: Master removed our "
+        "application: FAILED\n\tat org.apache.spark.scheduler.DAGScheduler.abortStage"
+        "(DAGScheduler.scala:2900)\n"
+    )
+    assert python_error_text(RuntimeError(failure)) == (
+        "Job aborted due to stage failure: Master removed our application: FAILED"
+    )
+
+
 def test_anything_else_keeps_its_first_line():
     assert python_error_text(RuntimeError("first line\nsecond")) == "first line"
