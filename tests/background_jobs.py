@@ -118,7 +118,7 @@ class JobQueue:
         self._thread: threading.Thread | None = None
 
     def start(self, jobs: list[BackgroundJob]) -> None:
-        self.jobs = [job for job in dict.fromkeys(jobs)]  # in order, each once
+        self.jobs = list(dict.fromkeys(jobs))  # in order, each once
         if self.jobs:
             self._thread = threading.Thread(target=self._run, name="background jobs", daemon=True)
             self._thread.start()

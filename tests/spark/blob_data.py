@@ -90,3 +90,22 @@ def wait_until_deleted(paths: set[str], timeout: float = 120.0) -> set[str]:
         time.sleep(0.2)
         left = {path for path in left if os.path.exists(path)}
     return left
+
+
+def pipeline_network(dtype=np.float32):
+    """The pipeline tests' model, 8 layers: BatchNorm and dropout in the first half, so any
+    cut splits them off. (No bias before BatchNorm: its gradient is zero but for rounding,
+    which Adam would scale up to steps of the learning rate's size, different in every
+    summation order.)"""
+    with nn.init.seeded(1):
+        model = nn.Sequential(
+            nn.Linear(10, 16, bias=False),
+            nn.BatchNorm1d(16),
+            nn.Tanh(),
+            nn.Dropout(0.3),
+            nn.Linear(16, 16),
+            nn.Tanh(),
+            nn.Linear(16, 3),
+            nn.LogSoftmax(),
+        )
+    return model.double() if dtype == np.float64 else model

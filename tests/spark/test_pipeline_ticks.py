@@ -13,6 +13,7 @@ import itertools
 import numpy as np
 import pytest
 from blob_data import blobs, flat
+from blob_data import pipeline_network as network
 from pipeline_ticks import local_reference, run_ticks
 
 from bigdl_py import nn
@@ -20,24 +21,6 @@ from bigdl_py.optim import SGD, Adam, ConstantClipping, L2NormClipping
 from bigdl_py.spark import Pipeline
 
 BATCH = 32
-
-
-def network(dtype=np.float32):
-    """8 layers: BatchNorm and dropout in the first half, so any cut splits them off. (No
-    bias before BatchNorm: its gradient is zero but for rounding, which Adam would scale up
-    to steps of the learning rate's size, different in every summation order.)"""
-    with nn.init.seeded(1):
-        model = nn.Sequential(
-            nn.Linear(10, 16, bias=False),
-            nn.BatchNorm1d(16),
-            nn.Tanh(),
-            nn.Dropout(0.3),
-            nn.Linear(16, 16),
-            nn.Tanh(),
-            nn.Linear(16, 3),
-            nn.LogSoftmax(),
-        )
-    return model.double() if dtype == np.float64 else model
 
 
 def compare(pipeline, model, tmp_path, *, dtype=np.float32, tolerance=1e-5, **options):

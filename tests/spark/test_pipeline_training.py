@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from blob_data import blobs, flat
+from blob_data import pipeline_network as network
 
 from bigdl_py import nn
 from bigdl_py.optim import SGD, Adam
@@ -31,22 +32,6 @@ from bigdl_py.train import (
 pytestmark = pytest.mark.spark
 
 BATCH = 32
-
-
-def network(dtype=np.float32):
-    """BatchNorm and dropout in the first stage (see test_pipeline_ticks.network)."""
-    with nn.init.seeded(1):
-        model = nn.Sequential(
-            nn.Linear(10, 16, bias=False),
-            nn.BatchNorm1d(16),
-            nn.Tanh(),
-            nn.Dropout(0.3),
-            nn.Linear(16, 16),
-            nn.Tanh(),
-            nn.Linear(16, 3),
-            nn.LogSoftmax(),
-        )
-    return model.double() if dtype == np.float64 else model
 
 
 def local_run(distributed, features, labels, method, iterations, micro_batches, **options):
