@@ -38,13 +38,14 @@ sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
 from local_cluster import TWO_HOSTS, LocalCluster  # noqa: E402
 
-LEAN_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+from bigdl_py.spark.session import LEAN_JVM_OPTIONS  # noqa: E402
+
 VARIANTS = {
     "base": {},
-    "executor-c1": {"spark.executor.extraJavaOptions": LEAN_JVM},
+    "executor-c1": {"spark.executor.extraJavaOptions": LEAN_JVM_OPTIONS},
     "all-c1": {
-        "spark.executor.extraJavaOptions": LEAN_JVM,
-        "spark.driver.extraJavaOptions": LEAN_JVM,
+        "spark.executor.extraJavaOptions": LEAN_JVM_OPTIONS,
+        "spark.driver.extraJavaOptions": LEAN_JVM_OPTIONS,
     },
 }
 

@@ -139,12 +139,13 @@ def spark_installed() -> bool:
 
 
 def job_environment(*paths: str) -> dict:
-    """This environment without Spark settings (the pip-installed pyspark must be enough),
-    with ``paths`` first on PYTHONPATH so that executors' Python workers import them."""
+    """This environment without Spark settings (the pip-installed pyspark must be enough)
+    but the drivers' JVM options (tests/conftest.py), with ``paths`` first on PYTHONPATH so
+    that executors' Python workers import them."""
     environment = {
         key: value
         for key, value in os.environ.items()
-        if not key.startswith(("SPARK_", "PYSPARK_"))
+        if key == "SPARK_SUBMIT_OPTS" or not key.startswith(("SPARK_", "PYSPARK_"))
     }
     environment["PYTHONPATH"] = os.pathsep.join(
         filter(None, [*paths, os.environ.get("PYTHONPATH")])

@@ -8,7 +8,19 @@ import numpy as np
 import pytest
 from background_jobs import JobQueue
 
+from bigdl_py.spark.session import LEAN_JVM_OPTIONS
+
 FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
+
+# Every Spark driver JVM the suite starts (its session, the jobs, notebooks and benches it
+# runs in subprocesses, which inherit this environment) runs with the C1 compiler only and
+# the serial collector: they live seconds to minutes on a machine the suite keeps busy, where
+# C2's compilations and G1's threads cost more CPU than they give back. On 2 cores
+# tests/spark/test_distri_chains.py took 143-146 CPU-seconds instead of 178.
+# (spark-submit's launcher puts SPARK_SUBMIT_OPTS on the driver's java command line.)
+os.environ["SPARK_SUBMIT_OPTS"] = " ".join(
+    filter(None, [os.environ.get("SPARK_SUBMIT_OPTS"), LEAN_JVM_OPTIONS])
+)
 
 # The longest checks run beside the suite (tests/background_jobs.py says why and how).
 _BACKGROUND = JobQueue()

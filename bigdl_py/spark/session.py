@@ -94,6 +94,14 @@ RECOMMENDED_CONF: dict[str, str] = {
     "spark.cleaner.periodicGC.interval": "1min",
 }
 
+# JVM options for short-lived JVMs on small machines: the C1 compiler only, and the serial
+# collector. A young JVM's C2 compiler and G1's concurrent threads take CPU from the Python
+# workers beside it; on 2 cores, C1 alone made LeNet iterations 15-28 % faster in the first
+# minutes, but a Spark SQL aggregation 3.3 times slower (bench/RESULTS.md), so it is not a
+# default. The test suite starts every Spark JVM with it (tests/conftest.py says what it
+# saved), as do the cluster benches and tests; docs/deploy.md says how a job opts in.
+LEAN_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+
 _PROPERTY_LINE = re.compile(r"^\s*([^\s=:]+)\s*[=:\s]\s*(.*?)\s*$")
 _LOCAL_MASTER = re.compile(r"^local(?:\[(\*|\d+)(?:\s*,\s*\d+)?\])?$")
 _LOCAL_CLUSTER_MASTER = re.compile(r"^local-cluster\[\s*(\d+)\s*,\s*(\d+)\s*,\s*(\d+)\s*\]$")

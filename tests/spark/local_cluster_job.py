@@ -47,7 +47,7 @@ from bigdl_py import nn
 from bigdl_py.optim import SGD
 from bigdl_py.spark import Pipeline, collectives
 from bigdl_py.spark.distri_optimizer import DistriOptimizer
-from bigdl_py.spark.session import RECOMMENDED_CONF, get_spark, task_slots
+from bigdl_py.spark.session import LEAN_JVM_OPTIONS, RECOMMENDED_CONF, get_spark, task_slots
 from bigdl_py.train import MaxIteration
 
 MASTER = "local-cluster[2,1,2048]"
@@ -270,7 +270,12 @@ def refuse_more_stages_than_slots() -> str:
 
 
 def main(iterations_per_job: int, updates: list[str]) -> None:
-    spark = get_spark(MASTER, app_name="bigdl_py-local-cluster-test")
+    # The executor JVMs start as lean as the driver (tests/conftest.py says why).
+    spark = get_spark(
+        MASTER,
+        app_name="bigdl_py-local-cluster-test",
+        conf={"spark.executor.extraJavaOptions": LEAN_JVM_OPTIONS},
+    )
     sc = spark.sparkContext
     sc.setLogLevel("ERROR")
     report = {"collectives": collectives_report(sc), "modes": {}}

@@ -41,6 +41,8 @@ from blob_data import (  # beside this script, so on its sys.path
 )
 from local_cluster import TWO_HOSTS, LocalCluster  # noqa: E402
 
+from bigdl_py.spark.session import LEAN_JVM_OPTIONS  # noqa: E402
+
 HOSTS = TWO_HOSTS
 # KILL_AT is 1-based: the job that runs it is killed (local SGD: inside its second round).
 ITERATIONS, KILL_AT = 12, 6
@@ -50,16 +52,15 @@ MODES = ("sharded", "replicated", "local-sgd:4", "auto")
 KILL_AFTER_STAGES = 3
 # Every JVM here (master, workers, executors) lives a minute or less and runs little code:
 # C2 compilation and the parallel collector's threads cost more than they give back on 2
-# busy cores. With these the test took 217 s instead of 324 (load 15-17), worker restarts
-# 12-15 s instead of 26-28.
-JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+# busy cores. With LEAN_JVM_OPTIONS the test took 217 s instead of 324 (load 15-17), worker
+# restarts 12-15 s instead of 26-28. (The driver's come from tests/conftest.py.)
 
 
 class Cluster(LocalCluster):
     """The two-host cluster (``scripts/local_cluster.py``), whose hosts this test kills."""
 
     def __init__(self, root: str):
-        super().__init__(os.path.join(root, "cluster"), HOSTS, daemon_java_opts=JVM_OPTIONS)
+        super().__init__(os.path.join(root, "cluster"), HOSTS, daemon_java_opts=LEAN_JVM_OPTIONS)
 
     def kill_host(self, host: str) -> None:
         """SIGKILL everything ``host`` runs: its worker and the executor JVM it started (one
@@ -210,7 +211,7 @@ def run(cluster: Cluster, report: dict) -> None:
         conf={
             **cluster.session_conf(),
             "spark.executor.memory": "512m",
-            "spark.executor.extraJavaOptions": JVM_OPTIONS,
+            "spark.executor.extraJavaOptions": LEAN_JVM_OPTIONS,
         },
     )
     sc = spark.sparkContext

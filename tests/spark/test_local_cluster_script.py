@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from bigdl_py.spark.session import LEAN_JVM_OPTIONS
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = REPO / "scripts"
 
@@ -55,15 +57,18 @@ def test_start_submit_with_py_files_zip_and_stop(tmp_path):
     if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
         pytest.skip("Java is not installed (no java on PATH, no JAVA_HOME): Spark needs it")
     spark_submit = Path(pyspark.__file__).parent / "bin" / "spark-submit"
-    # Nothing Spark-specific from the caller's environment; the executors' Python is ours.
+    # Nothing Spark-specific from the caller's environment but the lean JVM options that
+    # every JVM of the suite starts with (tests/conftest.py); the executors' Python is ours.
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SPARK_", "PYSPARK_"))}
+    env["SPARK_SUBMIT_OPTS"] = LEAN_JVM_OPTIONS
     env["PYSPARK_PYTHON"] = sys.executable
     state = tmp_path / "cluster"
     port = _free_port()
 
     started = _run(
         [SCRIPTS / "local_cluster.sh", "start", "--workers", "1", "--cores", "2",
-         "--memory", "1g", "--port", str(port), "--webui-port", "0", "--dir", state],
+         "--memory", "1g", "--port", str(port), "--webui-port", "0", "--dir", state,
+         "--daemon-java-opts", LEAN_JVM_OPTIONS],
         timeout=150, env=env,
     )  # fmt: skip
     pid_files = sorted((state / "pids").glob("*.pid"))
@@ -83,6 +88,7 @@ def test_start_submit_with_py_files_zip_and_stop(tmp_path):
         submitted = _run(
             [spark_submit, "--master", master_url, "--conf", "spark.driver.host=127.0.0.1",
              "--conf", "spark.executor.memory=512m", "--conf", "spark.ui.enabled=false",
+             "--conf", f"spark.executor.extraJavaOptions={LEAN_JVM_OPTIONS}",
              "--py-files", tmp_path / "bigdl_py.zip", job],
             timeout=240, env=env, cwd=tmp_path,
         )  # fmt: skip
