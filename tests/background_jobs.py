@@ -11,6 +11,11 @@ in the tests' order, and one thread runs the queue while the suite goes on. The 
 reads the job's result (waiting if it is still running). A job whose test comes before its
 turn in the queue runs at once, in the test's thread.
 
+A test that is itself such a check (it runs a job script or a cluster script in
+subprocesses) can instead be marked ``@beside_the_suite``: the whole test then runs in a
+child pytest, queued the same way, and the suite's test reports that run's outcome (passed,
+skipped with its reason, or failed with its output).
+
 At most one queued job runs at a time, so the machine carries the suite and one job;
 timeouts are the jobs' own, as when they ran in their tests' turns.
 """
@@ -20,11 +25,14 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
 import threading
 from dataclasses import dataclass, field
+
+import pytest
 
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -82,15 +90,20 @@ class BackgroundJob:
         finally:
             self._done.set()
 
-    def completed(self) -> subprocess.CompletedProcess:
-        """The finished job (running it now if nothing has started it); a job that failed
-        fails the test that reads it, with the end of its standard error."""
+    def finished(self) -> subprocess.CompletedProcess:
+        """The finished job, whatever its exit status (running it now if nothing has started
+        it); a job that could not run or ran past its timeout fails the test that reads it."""
         if self.claim():
             self.run()
         self._done.wait()
         if self._error is not None:
             raise AssertionError(f"{self.name}: {self._error!r}") from self._error
-        completed = self._completed
+        return self._completed
+
+    def completed(self) -> subprocess.CompletedProcess:
+        """The finished job; a job that failed fails the test that reads it, with the end of
+        its standard error."""
+        completed = self.finished()
         assert completed.returncode == 0, (
             f"{self.name} exited with {completed.returncode}:\n{completed.stderr[-3000:]}"
         )
@@ -151,3 +164,56 @@ def job_environment(*paths: str) -> dict:
         filter(None, [*paths, os.environ.get("PYTHONPATH")])
     )
     return environment
+
+
+# Set in the child pytest of a test marked @beside_the_suite: there the test runs itself.
+CHILD_RUN = "BIGDL_PY_TEST_BESIDE_THE_SUITE"
+
+
+def beside_the_suite(timeout: float):
+    """Mark a test to run, whole, in a child pytest beside the rest of the suite.
+
+    In the suite the test becomes a reader of that run (queued by ``tests/conftest.py``
+    through its ``background_job`` attribute); in the child run it is the test itself. Its
+    fixtures are only made in the child. ``timeout`` bounds the child run.
+    """
+
+    def mark(test):
+        if os.environ.get(CHILD_RUN):
+            return test
+        path = os.path.relpath(sys.modules[test.__module__].__file__, REPOSITORY)
+        job = BackgroundJob(
+            f"{path}::{test.__name__}",
+            "-m",  # python -m pytest
+            ["pytest", "-q", "-rs", "-p", "no:cacheprovider", f"{path}::{test.__name__}"],
+            timeout,
+            {**os.environ, CHILD_RUN: "1"},
+        )
+
+        def read_the_child_run():
+            report_child_run(job)
+
+        read_the_child_run.__name__ = test.__name__
+        read_the_child_run.__doc__ = test.__doc__
+        read_the_child_run.__module__ = test.__module__
+        read_the_child_run.pytestmark = list(getattr(test, "pytestmark", []))
+        read_the_child_run.background_job = job
+        return read_the_child_run
+
+    return mark
+
+
+def report_child_run(job: BackgroundJob) -> None:
+    """The child pytest's outcome as this test's: passed, skipped (why) or failed (how)."""
+    completed = job.finished()
+    output = completed.stdout
+    if completed.returncode == 0 and re.search(r"\b1 passed\b", output):
+        return
+    skipped = re.search(r"^SKIPPED \[\d+\] [^:]+:\d+: (.*)$", output, re.MULTILINE)
+    if completed.returncode == 0 and skipped:
+        pytest.skip(skipped.group(1))
+    pytest.fail(
+        f"{job.name} in a child pytest exited with {completed.returncode}:\n"
+        f"{output[-6000:]}\n{completed.stderr[-2000:]}",
+        pytrace=False,
+    )

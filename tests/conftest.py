@@ -18,9 +18,10 @@ FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"
 # C2's compilations and G1's threads cost more CPU than they give back. On 2 cores
 # tests/spark/test_distri_chains.py took 143-146 CPU-seconds instead of 178.
 # (spark-submit's launcher puts SPARK_SUBMIT_OPTS on the driver's java command line.)
-os.environ["SPARK_SUBMIT_OPTS"] = " ".join(
-    filter(None, [os.environ.get("SPARK_SUBMIT_OPTS"), LEAN_JVM_OPTIONS])
-)
+if LEAN_JVM_OPTIONS not in os.environ.get("SPARK_SUBMIT_OPTS", ""):  # a child pytest's has it
+    os.environ["SPARK_SUBMIT_OPTS"] = " ".join(
+        filter(None, [os.environ.get("SPARK_SUBMIT_OPTS"), LEAN_JVM_OPTIONS])
+    )
 
 # The longest checks run beside the suite (tests/background_jobs.py says why and how).
 _BACKGROUND = JobQueue()
@@ -35,6 +36,9 @@ def pytest_collection_finish(session):
         jobs_of = getattr(getattr(item, "module", None), "background_jobs", None)
         if jobs_of is not None:
             jobs.extend(jobs_of(item))
+        beside = getattr(getattr(item, "function", None), "background_job", None)
+        if beside is not None:  # a test marked @beside_the_suite
+            jobs.append(beside)
     _BACKGROUND.start(jobs)
 
 

@@ -16,6 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from background_jobs import beside_the_suite
 
 import bigdl_py.nn as nn
 from bigdl_py.autograd import Tensor, no_grad
@@ -100,6 +101,7 @@ def _data_arguments(saved) -> list[str]:
     ]
 
 
+@beside_the_suite(timeout=600)
 def test_evaluate_job_reports_accuracy_and_loss_of_the_saved_model(saved):
     metrics_path = str(saved["directory"] / "metrics.json")
     result = _run(
@@ -119,6 +121,7 @@ def test_evaluate_job_reports_accuracy_and_loss_of_the_saved_model(saved):
     assert "Top1Accuracy" in result.stdout and "Loss" in result.stdout
 
 
+@beside_the_suite(timeout=600)
 def test_predict_job_under_spark_submit_writes_predictions_to_parquet(saved):
     spark_submit = shutil.which("spark-submit")
     if spark_submit is None:

@@ -51,7 +51,7 @@ from bigdl_py.spark.session import LEAN_JVM_OPTIONS, RECOMMENDED_CONF, get_spark
 from bigdl_py.train import MaxIteration
 
 MASTER = "local-cluster[2,1,2048]"
-ITERATIONS, KILL_AFTER = 30, 10
+ITERATIONS, KILL_AFTER = 24, 10  # the kill lands in the second of three chained jobs
 # How long the worker may take to start a new executor JVM for a killed one.
 REPLACEMENT_SECONDS = 180
 

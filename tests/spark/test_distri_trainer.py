@@ -18,6 +18,7 @@ import zlib
 
 import numpy as np
 import pytest
+from background_jobs import beside_the_suite
 
 from bigdl_py import backend, nn
 from bigdl_py.autograd import Tensor
@@ -204,6 +205,7 @@ def test_bad_steps_fail_clearly(spark):
 
 
 @pytest.mark.slow
+@beside_the_suite(timeout=1200)
 def test_gan_job_smoke_trains_resumes_writes_sample_grids_and_a_loadable_model(tmp_path):
     """jobs/train_gan.py as a user runs it: the DCGAN (its convolutional generator and
     discriminator; the MLP GAN's steps are the in-process tests above) for a few iterations

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from background_jobs import beside_the_suite
 
 from bigdl_py.spark.session import LEAN_JVM_OPTIONS
 
@@ -52,6 +53,7 @@ def _run(command, timeout, **options) -> subprocess.CompletedProcess:
 
 @pytest.mark.slow
 @pytest.mark.spark
+@beside_the_suite(timeout=600)
 def test_start_submit_with_py_files_zip_and_stop(tmp_path):
     pyspark = pytest.importorskip("pyspark")
     if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
