@@ -78,13 +78,30 @@ def data(samples: int, inputs: int = INPUTS):
     return features, generator.integers(0, CLASSES, samples)
 
 
+_OPEN: dict = {}  # the open application: its (master, conf) and session
+
+
 def session(master: str, conf: dict | None = None):
+    """A Spark application of ``master`` and ``conf``: the open one where it is the same
+    (both parts of a dry run), else a new one after the open one stops (the memory part's
+    Python memory limit must not reach the speed part)."""
     # The executors of a local cluster import bigdl_py from this checkout, whatever an
     # installed copy points at.
     conf = {"spark.executorEnv.PYTHONPATH": ROOT, **(conf or {})}
+    key = (master, sorted(conf.items()))
+    if _OPEN.get("key") == key:
+        return _OPEN["spark"]
+    stop_session()
     spark = get_spark(master, app_name="bigdl_py bench/pipeline.py", conf=conf)
     spark.sparkContext.setLogLevel("ERROR")
+    _OPEN.update(key=key, spark=spark)
     return spark
+
+
+def stop_session() -> None:
+    if _OPEN:
+        _OPEN.pop("spark").stop()
+        _OPEN.clear()
 
 
 def parameter_bytes(model) -> int:
@@ -136,7 +153,6 @@ def worker_baseline_mb() -> float:
         yield size / 1024
 
     (baseline,) = spark.sparkContext.parallelize([0], 1).mapPartitions(measure).collect()
-    spark.stop()
     return float(baseline)
 
 
@@ -198,7 +214,6 @@ def memory_part(arguments) -> dict:
             message = str(error)
         report["refused"][update] = message
         print(f"{update}: {message[:300]}", flush=True)
-    spark.stop()
     return report
 
 
@@ -292,7 +307,6 @@ def speed_part(arguments) -> dict:
         )
         results["replicated"][stages] = samples_per_second(jobs, arguments.batch_size)
         print(f"replicated on {stages} partitions: {results['replicated'][stages]:.1f} samples/s")
-    spark.stop()
     return results
 
 
@@ -359,6 +373,7 @@ def main(argv=None) -> None:
         memory = memory_part(arguments)
     if arguments.part in ("speed", "all"):
         speed = speed_part(arguments)
+    stop_session()
     if arguments.part == "all":
         bars(memory, speed, arguments.memory_stages, arguments.dry_run)
     print(f"load at the end {os.getloadavg()[0]:.1f}", flush=True)

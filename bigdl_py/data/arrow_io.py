@@ -12,8 +12,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.dataset as pa_dataset
-import pyarrow.parquet as pq
 
 from bigdl_py.data.arrow_tables import (
     ColumnSpec,
@@ -81,6 +79,10 @@ def read_parquet(
     """
     if not os.path.exists(path):
         raise FileNotFoundError(f"no Parquet file or directory at {os.fspath(path)!r}")
+    # Imported here: pyarrow.dataset brings pandas, half a second that every process
+    # importing bigdl_py (each Spark Python worker among them) would otherwise pay.
+    import pyarrow.dataset as pa_dataset
+
     dataset = pa_dataset.dataset(os.fspath(path), format="parquet")
     feature_columns = _default_feature_columns(dataset.schema.names, feature_columns, label_column)
     needed = _needed_columns(feature_columns, label_column)
@@ -138,6 +140,8 @@ def write_parquet(
 ) -> None:
     """Write arrays to one Parquet file (column layout of
     :func:`~bigdl_py.data.arrow_tables.arrays_to_table`)."""
+    import pyarrow.parquet as pq  # (as pyarrow.dataset above)
+
     table = arrays_to_table(features, labels, feature_columns, label_column)
     pq.write_table(table, os.fspath(path), row_group_size=row_group_size)
 

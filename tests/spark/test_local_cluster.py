@@ -12,9 +12,14 @@ from background_jobs import REPOSITORY, BackgroundJob, job_environment, spark_in
 JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "local_cluster_job.py")
 
 # Starting a standalone master, two workers and two executor JVMs takes 20-70 s on 2 cores;
-# the application then trains four times, with an executor killed in each.
+# the application then trains twice, with an executor killed in each: once per way the
+# state comes back where executors share a disk. The sharded update stands for every mode
+# whose optimizer state lives in the hosts' state files (replicated and local SGD keep and
+# find theirs through the same functions, bigdl_py/spark/owner_update.py); a pipeline
+# keeps each stage's weights in files of its own. Every mode but the pipeline loses a
+# whole host in the separate-hosts test below, where the state travels with the records.
 TIMEOUT_SECONDS = 600
-KILLED_EXECUTOR_UPDATES = ["sharded", "replicated", "local-sgd:4", "pipeline:2:2"]
+KILLED_EXECUTOR_UPDATES = ["sharded", "pipeline:2:2"]
 
 
 SEPARATE_HOSTS_JOB = os.path.join(os.path.dirname(JOB), "separate_hosts_job.py")

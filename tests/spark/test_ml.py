@@ -139,9 +139,13 @@ def test_setters_chain_return_self_and_validate():
         NNModel(_classifier_model(), batch_size=8)
 
 
-def test_stages_are_exported_lazily_from_bigdl_py_spark():
+def test_stages_are_exported_lazily_and_pandas_waits_for_a_parquet_read():
+    # Every Spark Python worker imports bigdl_py: pandas (through pyarrow.dataset) cost each
+    # half a second.
     code = (
         "import sys, bigdl_py.spark as spark; assert 'pyspark' not in sys.modules; "
+        "import bigdl_py.data, bigdl_py.train, bigdl_py.spark.modes.pipeline; "
+        "assert 'pandas' not in sys.modules, 'pandas was imported'; "
         "from bigdl_py.spark import NNClassifier; import bigdl_py.spark.ml as ml; "
         "assert NNClassifier is ml.NNClassifier and spark.NNModel is ml.NNModel"
     )
