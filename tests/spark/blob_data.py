@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import glob
 import os
-import tempfile
 import time
 
 import numpy as np
@@ -72,10 +71,19 @@ def relative_error(a, b) -> float:
 
 
 def shuffle_files(sc) -> set[str]:
-    """The shuffle data and index files under this machine's Spark block-manager folders."""
-    local_dir = sc.getConf().get("spark.local.dir", tempfile.gettempdir())
-    pattern = os.path.join(local_dir, "blockmgr-*", "*", "shuffle_*")
-    return set(glob.glob(pattern))
+    """The shuffle data and index files in the driver's block-manager folders, where Spark
+    puts them: spark.local.dir, else SPARK_LOCAL_DIRS, else the JVM's java.io.tmpdir, which
+    a TMPDIR set for Python does not move (looking in Python's temporary folder found none)."""
+    local_dirs = (
+        sc.getConf().get("spark.local.dir", None)
+        or os.environ.get("SPARK_LOCAL_DIRS")
+        or sc._jvm.java.lang.System.getProperty("java.io.tmpdir")
+    )
+    return {
+        path
+        for folder in local_dirs.split(",")
+        for path in glob.glob(os.path.join(folder, "blockmgr-*", "*", "shuffle_*"))
+    }
 
 
 def wait_until_deleted(paths: set[str], timeout: float = 120.0) -> set[str]:
