@@ -86,6 +86,21 @@ def shuffle_files(sc) -> set[str]:
     }
 
 
+def first_iterations(optimizer) -> list[int]:
+    """The 0-based first iteration of each call the optimizer's runner takes, as it trains
+    (a resumed run's first is the checkpoint's iteration)."""
+    firsts: list[int] = []
+    runner = optimizer.runner
+    run_iterations = runner.run_iterations
+
+    def recorded(steps, stop_after_nonfinite):
+        firsts.append(steps[0].iteration)
+        return run_iterations(steps, stop_after_nonfinite)
+
+    runner.run_iterations = recorded
+    return firsts
+
+
 def wait_until_deleted(paths: set[str], timeout: float = 120.0) -> set[str]:
     """Poll until none of ``paths`` exists (Spark deletes in the background); the rest.
 

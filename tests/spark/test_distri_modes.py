@@ -9,7 +9,15 @@ import logging
 
 import numpy as np
 import pytest
-from blob_data import BATCH, blob_optimizer, blobs, classifier, flat, relative_error
+from blob_data import (
+    BATCH,
+    blob_optimizer,
+    blobs,
+    classifier,
+    first_iterations,
+    flat,
+    relative_error,
+)
 
 from bigdl_py import nn
 from bigdl_py.autograd.tensor import Tensor
@@ -421,14 +429,7 @@ def test_local_sgd_checkpoints_resume_bit_exactly(spark, tmp_path):
         expected = flat(straight.optimize())
     with optimizer(MaxIteration(21)) as resumed:
         resumed.resume_from(str(tmp_path / "checkpoint-00000014.json"))
-        firsts = []
-        run_iterations = resumed.runner.run_iterations
-
-        def recorded(steps, stop_after_nonfinite):
-            firsts.append(steps[0].iteration)
-            return run_iterations(steps, stop_after_nonfinite)
-
-        resumed.runner.run_iterations = recorded
+        firsts = first_iterations(resumed)
         result = flat(resumed.optimize())
     assert firsts[0] == 14  # it went on from the checkpoint
     np.testing.assert_array_equal(result, expected)

@@ -15,7 +15,7 @@ import os
 
 import numpy as np
 import pytest
-from blob_data import BATCH, blobs, classifier, flat, local_reference_weights
+from blob_data import BATCH, blobs, classifier, first_iterations, flat, local_reference_weights
 
 from bigdl_py import nn
 from bigdl_py.optim import SGD
@@ -98,14 +98,7 @@ def test_a_checkpoint_without_a_shared_disk_resumes_exactly(spark, tmp_path, upd
     assert load_checkpoint(str(tmp_path)).iteration == 12
     resumed = optimizer(update, shared_disk=False)
     resumed.resume_from(str(tmp_path))
-    firsts = []
-    run_iterations = resumed.runner.run_iterations
-
-    def recorded(steps, stop_after_nonfinite):
-        firsts.append(steps[0].iteration)
-        return run_iterations(steps, stop_after_nonfinite)
-
-    resumed.runner.run_iterations = recorded
+    firsts = first_iterations(resumed)
     weights, files, _ = train(resumed)
     assert firsts[0] == 12  # it went on from the checkpoint
     np.testing.assert_allclose(weights, straight, rtol=1e-6, atol=1e-7)
